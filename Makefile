@@ -1,0 +1,43 @@
+# leafproxy — the two commands a newcomer needs are `make run` and `make test`.
+GO        ?= go
+BIN       := bin/leafproxy
+PKGS      := ./...
+TESTENV   := $(GO) run ./internal/testenv/cmd/testenv
+TESTFLAGS ?= -race -count=1 -timeout 20m
+
+.PHONY: all build test test-short run bench lint vet fmt deps clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN) ./cmd/leafproxy
+
+deps:
+	scripts/install-deps.sh
+
+## test: install PostgreSQL and ZooKeeper when missing, start private instances, run every test
+test: deps
+	$(GO) vet $(PKGS)
+	$(TESTENV) -- $(GO) test $(TESTFLAGS) $(PKGS)
+
+## test-short: unit tests only, no servers
+test-short:
+	$(GO) test -short -count=1 $(PKGS)
+
+## bench: Go benchmarks and the pgbench comparisons
+bench:
+	scripts/install-deps.sh --bench
+	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+
+lint: vet
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi
+	@if command -v golangci-lint >/dev/null 2>&1; then golangci-lint run; else echo "golangci-lint not installed; ran go vet and gofmt"; fi
+
+vet:
+	$(GO) vet $(PKGS)
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+clean:
+	rm -rf bin

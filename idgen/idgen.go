@@ -1,0 +1,34 @@
+// Package idgen defines what the ID engines share: the Generator interface, the sentinel
+// errors callers test for, and a Router that sends each tag to its engine.
+//
+// The engines themselves live in the subpackages segment (Leaf-segment, ranges reserved in
+// PostgreSQL) and snowflake (time + worker ID + sequence); worker IDs come from the
+// subpackage worker. None of them knows about the PostgreSQL wire protocol.
+package idgen
+
+import (
+	"context"
+	"errors"
+)
+
+// Generator hands out unique 64-bit IDs per tag.
+type Generator interface {
+	// Next returns a fresh ID for tag. It waits no longer than ctx allows.
+	Next(ctx context.Context, tag string) (int64, error)
+}
+
+// Errors every engine reports the same way, so that callers (the proxy, the HTTP API)
+// can map them to SQLSTATEs and status codes with errors.Is.
+var (
+	// ErrUnknownTag: no such tag (no leaf_alloc row for a segment tag).
+	ErrUnknownTag = errors.New("idgen: unknown tag")
+	// ErrUnavailable: the engine cannot issue now (store down and buffers empty, engine
+	// not started or closed). Retrying later may succeed.
+	ErrUnavailable = errors.New("idgen: ID source unavailable")
+	// ErrClockBackwards: the clock moved back further than the engine will wait out.
+	ErrClockBackwards = errors.New("idgen: clock moved backwards")
+	// ErrWorkerNotHeld: the snowflake engine does not (or no longer) hold its worker ID.
+	ErrWorkerNotHeld = errors.New("idgen: worker ID not held")
+	// ErrBadArgument: the request itself is malformed (an empty tag, say).
+	ErrBadArgument = errors.New("idgen: bad argument")
+)

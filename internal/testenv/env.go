@@ -1,0 +1,169 @@
+// Package testenv gives tests the PostgreSQL and ZooKeeper servers they run against.
+//
+// `make test` starts one shared PostgreSQL and one shared ZooKeeper (see cmd/testenv) and
+// exports their addresses in the variables below. A test that needs a service asks for it
+// through this package: when the variable is unset the test is skipped, unless CI is set,
+// in which case it fails, so a CI run can never pass by skipping everything.
+//
+// Tests that must stop or kill a server (outages, restarts) start a private instance with
+// NewPostgres or NewZooKeeper instead of touching the shared one.
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Environment variables exported by cmd/testenv.
+const (
+	EnvPostgres    = "LEAF_TEST_PG"           // URL of the shared PostgreSQL, superuser postgres
+	EnvZooKeeper   = "LEAF_TEST_ZK"           // host:port of the shared ZooKeeper
+	EnvPGBin       = "LEAF_TEST_PG_BIN"       // directory with initdb, pg_ctl and postgres
+	EnvZKClasspath = "LEAF_TEST_ZK_CLASSPATH" // Java class path holding ZooKeeper's server
+	EnvPGCA        = "LEAF_TEST_PG_CA"        // CA certificate the shared server's certificate chains to
+)
+
+// Roles created on every server this package starts. pg_hba.conf makes each use the
+// authentication its name says; leaf_tls may only connect over TLS and leaf_denied never.
+const (
+	MD5User        = "leaf_md5"
+	MD5Password    = "md5-secret"
+	SCRAMUser      = "leaf_scram"
+	SCRAMPassword  = "scram-secret"
+	TLSUser        = "leaf_tls"
+	TLSPassword    = "tls-secret"
+	DeniedUser     = "leaf_denied"
+	DeniedPassword = "denied-secret"
+)
+
+// need returns the value of an environment variable a test depends on, skipping the test
+// when it is unset outside CI and failing it under CI.
+func need(t testing.TB, name, what string) string {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("%s is not set: %s is required under CI (run the tests with `make test`)", name, what)
+		}
+		t.Skipf("%s is not set: skipping a test that needs %s (run `make test`)", name, what)
+	}
+	return v
+}
+
+// PostgresURL returns the URL of the shared PostgreSQL server.
+func PostgresURL(t testing.TB) string {
+	t.Helper()
+	return need(t, EnvPostgres, "PostgreSQL")
+}
+
+// ZooKeeperAddr returns host:port of the shared ZooKeeper server.
+func ZooKeeperAddr(t testing.TB) string {
+	t.Helper()
+	return need(t, EnvZooKeeper, "ZooKeeper")
+}
+
+// NewDatabase creates a fresh, empty database on the shared server, drops it when the test
+// ends, and returns its URL. Tests that create tables use one so that packages running in
+// parallel never see each other's rows.
+func NewDatabase(t testing.TB) string {
+	t.Helper()
+	return newDatabase(t, PostgresURL(t))
+}
+
+func newDatabase(t testing.TB, serverURL string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, serverURL)
+	if err != nil {
+		t.Fatalf("connect to %s: %v", redact(serverURL), err)
+	}
+	defer conn.Close(ctx)
+	name := "leaftest_" + randomHex(6)
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("create database: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, serverURL)
+		if err != nil {
+			t.Logf("drop database %s: %v", name, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+			t.Logf("drop database %s: %v", name, err)
+		}
+	})
+	u, err := url.Parse(serverURL)
+	if err != nil {
+		t.Fatalf("parse %s: %v", EnvPostgres, err)
+	}
+	u.Path = "/" + name
+	return u.String()
+}
+
+// WithUser returns the URL with its user and password replaced.
+func WithUser(rawURL, user, password string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return rawURL
+	}
+	if password == "" {
+		u.User = url.User(user)
+	} else {
+		u.User = url.UserPassword(user, password)
+	}
+	return u.String()
+}
+
+// FreePort returns a loopback TCP port that was free a moment ago.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+func redact(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return u.Redacted()
+}
+
+// waitFor polls cond until it returns nil or the deadline passes.
+func waitFor(ctx context.Context, what string, cond func() error) error {
+	var last error
+	for {
+		if last = cond(); last == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for %s: %w (last error: %v)", what, ctx.Err(), last)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,220 @@
+// Package config holds the settings of `leafproxy serve` and reads them from a YAML file,
+// LEAFPROXY_* environment variables and command-line flags.
+//
+// Every setting has one name used in all three places: the YAML key `worker-source`, the
+// flag `--worker-source` and the variable LEAFPROXY_WORKER_SOURCE. A flag wins over the
+// environment, which wins over the file, which wins over the default. Unknown keys and bad
+// values are errors that name the key, where its value came from, and what is allowed.
+package config
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// EnvPrefix starts the name of every environment variable the configuration reads.
+const EnvPrefix = "LEAFPROXY_"
+
+// DefaultSnowflakeEpoch is Leaf's (and Twitter's) snowflake epoch, 2010-11-04T01:42:54.657Z.
+const DefaultSnowflakeEpoch int64 = 1288834974657
+
+// Worker-ID sources.
+const (
+	WorkerStatic    = "static"
+	WorkerPostgres  = "postgres"
+	WorkerZooKeeper = "zookeeper"
+)
+
+// Config is the whole configuration of `leafproxy serve`. Load fills it; the zero value is
+// not meant to be used, start from Defaults.
+type Config struct {
+	Listen          string `yaml:"listen"`
+	Upstream        string `yaml:"upstream"`
+	UpstreamSSLMode string `yaml:"upstream-sslmode"`
+	UpstreamCA      string `yaml:"upstream-ca"`
+	TLSCert         string `yaml:"tls-cert"`
+	TLSKey          string `yaml:"tls-key"`
+	MaxClientConns  int    `yaml:"max-client-conns"`
+	MaxMessageSize  int    `yaml:"max-message-size"`
+
+	Store          string `yaml:"store"`
+	MigrateOnStart bool   `yaml:"migrate-on-start"`
+
+	HTTP      string `yaml:"http"`
+	HTTPToken string `yaml:"http-token"`
+
+	WorkerSource   string `yaml:"worker-source"`
+	WorkerID       int    `yaml:"worker-id"`
+	ZooKeeper      List   `yaml:"zk"`
+	ZooKeeperName  string `yaml:"zk-name"`
+	AdvertisedAddr string `yaml:"advertise"`
+
+	SnowflakeTags  List          `yaml:"snowflake-tags"`
+	SnowflakeEpoch int64         `yaml:"snowflake-epoch"`
+	MaxBackwards   time.Duration `yaml:"clock-max-backwards"`
+
+	Fill List `yaml:"fill"`
+	// FillRules is Fill parsed; Load sets it.
+	FillRules []FillRule `yaml:"-"`
+
+	SegmentPreload float64 `yaml:"segment-preload"`
+
+	ShutdownTimeout time.Duration `yaml:"shutdown-timeout"`
+	LogLevel        string        `yaml:"log-level"`
+	LogFormat       string        `yaml:"log-format"`
+
+	// Origins tells, per setting name, where its value came from ("default",
+	// "file leafproxy.yaml:12", "env LEAFPROXY_X", "flag --x"); Load sets it.
+	Origins map[string]string `yaml:"-"`
+}
+
+// Defaults returns the configuration used where nothing else is said.
+func Defaults() Config {
+	return Config{
+		Listen:          "127.0.0.1:6432",
+		Upstream:        "127.0.0.1:5432",
+		UpstreamSSLMode: "prefer",
+		MaxClientConns:  1000,
+		MaxMessageSize:  1 << 30,
+		HTTP:            "127.0.0.1:8080",
+		ZooKeeperName:   "leafproxy",
+		SnowflakeEpoch:  DefaultSnowflakeEpoch,
+		MaxBackwards:    5 * time.Millisecond,
+		SegmentPreload:  0.9,
+		ShutdownTimeout: 30 * time.Second,
+		LogLevel:        "info",
+		LogFormat:       "text",
+	}
+}
+
+// IsSet reports whether the setting got its value from a file, the environment or a flag.
+func (c *Config) IsSet(name string) bool {
+	o, ok := c.Origins[name]
+	return ok && o != "default"
+}
+
+// List is a list of strings that YAML may give as a sequence or as one comma-separated
+// string, and the environment and flags give comma-separated.
+type List []string
+
+// UnmarshalYAML accepts `[a, b]`, a block sequence, or "a,b".
+func (l *List) UnmarshalYAML(n *yaml.Node) error {
+	switch n.Kind {
+	case yaml.SequenceNode:
+		var items []string
+		if err := n.Decode(&items); err != nil {
+			return err
+		}
+		*l = cleanList(items)
+		return nil
+	case yaml.ScalarNode:
+		if n.Tag == "!!null" {
+			*l = nil
+			return nil
+		}
+		*l = splitList(n.Value)
+		return nil
+	}
+	return fmt.Errorf("want a list or a comma-separated string")
+}
+
+func splitList(s string) List { return cleanList(strings.Split(s, ",")) }
+
+func cleanList(items []string) List {
+	var out List
+	for _, it := range items {
+		if it = strings.TrimSpace(it); it != "" {
+			out = append(out, it)
+		}
+	}
+	return out
+}
+
+// setting describes one configuration value: its name (YAML key and flag), help text, and
+// where it lives in Config.
+type setting struct {
+	name  string
+	usage string
+	field func(*Config) any
+	// repeat: the flag may be given several times; each adds to the list.
+	repeat bool
+}
+
+// EnvName returns the environment variable of a setting name: worker-id → LEAFPROXY_WORKER_ID.
+func EnvName(name string) string {
+	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+}
+
+var settings = []setting{
+	{name: "listen", usage: "address the PostgreSQL proxy listens on (host:port)",
+		field: func(c *Config) any { return &c.Listen }},
+	{name: "upstream", usage: "address of the real PostgreSQL server (host:port)",
+		field: func(c *Config) any { return &c.Upstream }},
+	{name: "upstream-sslmode", usage: "TLS to the upstream: disable, prefer, require, verify-ca or verify-full",
+		field: func(c *Config) any { return &c.UpstreamSSLMode }},
+	{name: "upstream-ca", usage: "PEM file of CA certificates that verify the upstream (verify-ca, verify-full)",
+		field: func(c *Config) any { return &c.UpstreamCA }},
+	{name: "tls-cert", usage: "PEM certificate offered to clients that ask for TLS (with tls-key); unset: clients get no TLS",
+		field: func(c *Config) any { return &c.TLSCert }},
+	{name: "tls-key", usage: "PEM private key of tls-cert",
+		field: func(c *Config) any { return &c.TLSKey }},
+	{name: "max-client-conns", usage: "client connections served at once; more are refused with SQLSTATE 53300",
+		field: func(c *Config) any { return &c.MaxClientConns }},
+	{name: "max-message-size", usage: "largest protocol message in bytes accepted from either side",
+		field: func(c *Config) any { return &c.MaxMessageSize }},
+	{name: "store", usage: "PostgreSQL URL of the database holding leaf_alloc and leaf_worker_lease (required), e.g. postgres://leaf@127.0.0.1:5432/app",
+		field: func(c *Config) any { return &c.Store }},
+	{name: "migrate-on-start", usage: "apply the embedded migrations to the store before serving",
+		field: func(c *Config) any { return &c.MigrateOnStart }},
+	{name: "http", usage: "address of the HTTP admin API, status page and metrics (host:port); empty disables it",
+		field: func(c *Config) any { return &c.HTTP }},
+	{name: "http-token", usage: "bearer token required on every HTTP endpoint except /healthz; empty: no token",
+		field: func(c *Config) any { return &c.HTTPToken }},
+	{name: "worker-source", usage: "where the snowflake worker ID comes from: static, postgres or zookeeper (default: zookeeper when zk is set, else postgres)",
+		field: func(c *Config) any { return &c.WorkerSource }},
+	{name: "worker-id", usage: "snowflake worker ID 0..1023 (worker-source static only)",
+		field: func(c *Config) any { return &c.WorkerID }},
+	{name: "zk", usage: "ZooKeeper servers, comma-separated host:port list",
+		field: func(c *Config) any { return &c.ZooKeeper }},
+	{name: "zk-name", usage: "name under /snowflake/ in ZooKeeper (Leaf's leaf.name); also the leaf_worker_lease holder prefix",
+		field: func(c *Config) any { return &c.ZooKeeperName }},
+	{name: "advertise", usage: "ip:port that identifies this proxy to the worker-ID source (default: the listen address, or the first non-loopback IP when listening on all interfaces)",
+		field: func(c *Config) any { return &c.AdvertisedAddr }},
+	{name: "snowflake-tags", usage: "tags served by the snowflake engine, comma-separated; every other tag is a segment tag",
+		field: func(c *Config) any { return &c.SnowflakeTags }},
+	{name: "snowflake-epoch", usage: "snowflake epoch in Unix milliseconds",
+		field: func(c *Config) any { return &c.SnowflakeEpoch }},
+	{name: "clock-max-backwards", usage: "largest backwards clock step the snowflake engine waits out; more fails the request",
+		field: func(c *Config) any { return &c.MaxBackwards }},
+	{name: "fill", repeat: true, usage: "fill rule [schema.]table.column=tag: INSERTs into table without column get an ID of tag (repeatable)",
+		field: func(c *Config) any { return &c.Fill }},
+	{name: "segment-preload", usage: "load the next segment when less than this fraction of the current one is left (Leaf: 0.9)",
+		field: func(c *Config) any { return &c.SegmentPreload }},
+	{name: "shutdown-timeout", usage: "how long a graceful shutdown waits for client sessions to end",
+		field: func(c *Config) any { return &c.ShutdownTimeout }},
+	{name: "log-level", usage: "log level: trace, debug, info, warn, error",
+		field: func(c *Config) any { return &c.LogLevel }},
+	{name: "log-format", usage: "log format: text or json",
+		field: func(c *Config) any { return &c.LogFormat }},
+}
+
+// Names returns every setting name in the order of the help text.
+func Names() []string {
+	out := make([]string, len(settings))
+	for i, s := range settings {
+		out[i] = s.name
+	}
+	return out
+}
+
+func lookup(name string) (*setting, bool) {
+	for i := range settings {
+		if settings[i].name == name {
+			return &settings[i], true
+		}
+	}
+	return nil, false
+}

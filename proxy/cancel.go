@@ -1,0 +1,68 @@
+package proxy
+
+import (
+	"context"
+	"io"
+	"sync"
+	"time"
+)
+
+// cancelDrainTimeout bounds how long a forwarded cancel request waits for the upstream to
+// acknowledge it by closing the connection.
+const cancelDrainTimeout = 5 * time.Second
+
+// cancelRegistry maps the cancel key a client was given (process ID and secret, as sent in
+// BackendKeyData) to its session. Clients receive the upstream backend's own key, so the
+// process ID a client sees is the real one (pg_backend_pid, NotificationResponse agree);
+// the registry makes sure the proxy forwards only cancels for keys it handed out.
+type cancelRegistry struct {
+	mu   sync.Mutex
+	keys map[string]*conn
+}
+
+func (r *cancelRegistry) add(key string, c *conn) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.keys == nil {
+		r.keys = make(map[string]*conn)
+	}
+	r.keys[key] = c
+}
+
+func (r *cancelRegistry) remove(key string, c *conn) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.keys[key] == c {
+		delete(r.keys, key)
+	}
+}
+
+func (r *cancelRegistry) lookup(key string) *conn {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.keys[key]
+}
+
+// forwardCancel sends a client's CancelRequest packet to the upstream backend it names.
+// Like PostgreSQL, it never answers the client; it waits for the upstream to close the
+// connection so that the client's own close happens after the cancel was processed.
+func (s *Server) forwardCancel(ctx context.Context, packet []byte) {
+	// The key is everything after the length and request code: process ID and secret.
+	key := string(packet[8:])
+	if s.cancels.lookup(key) == nil {
+		s.logger().Debug("cancel request with an unknown key ignored")
+		return
+	}
+	uc, err := s.dialUpstream(ctx)
+	if err != nil {
+		s.logger().WithError(err).Warn("cannot forward cancel request")
+		return
+	}
+	defer uc.Close()
+	_ = uc.SetDeadline(time.Now().Add(cancelDrainTimeout))
+	if _, err := uc.Write(packet); err != nil {
+		s.logger().WithError(err).Warn("cannot forward cancel request")
+		return
+	}
+	_, _ = io.Copy(io.Discard, uc)
+}

@@ -1,0 +1,282 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sirupsen/logrus"
+)
+
+// conn is one client connection and, once the client has sent its startup packet, the
+// upstream connection that serves it.
+type conn struct {
+	srv    *Server
+	id     uint64
+	ctx    context.Context // ends when the connection is closed
+	cancel context.CancelFunc
+	log    logrus.FieldLogger
+
+	mu       sync.Mutex // guards client, upstream and closed against close from other goroutines
+	client   net.Conn
+	upstream net.Conn
+	closed   bool
+
+	cr msgReader // from the client
+	ur msgReader // from the upstream
+	uw *bufio.Writer
+
+	// cwMu serialises writes to the client: the upstream-to-client relay writes there,
+	// and so do Shutdown (a final FATAL) and the client-side relay (its own errors).
+	cwMu sync.Mutex
+	cw   *bufio.Writer
+
+	cancelKey string // BackendKeyData the client was given, registered in srv.cancels; under mu
+	session   bool   // holds a session slot; under mu
+
+	// Protocol state shared by the two relay goroutines.
+	txStatus atomic.Uint32 // last ReadyForQuery status: 'I', 'T' or 'E'; 0 before the first
+	pending  atomic.Int64  // ReadyForQuery messages the client still awaits
+	told     atomic.Bool   // the proxy has sent the client its own final error
+}
+
+func newConnState(s *Server, nc net.Conn) *conn {
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &conn{srv: s, id: s.nextID.Add(1), ctx: ctx, cancel: cancel, client: nc}
+	c.log = s.logger().WithFields(logrus.Fields{"conn_id": c.id, "remote": nc.RemoteAddr().String()})
+	return c
+}
+
+// serve runs the connection from startup to close.
+func (c *conn) serve() {
+	defer c.close()
+	defer func() {
+		// A bug in the relay must cost one connection, not the process.
+		if r := recover(); r != nil {
+			c.log.WithField("panic", r).Error("connection handler panicked")
+		}
+	}()
+	s := c.srv
+	_ = c.client.SetDeadline(time.Now().Add(s.startupTimeout()))
+	packet, err := c.negotiate()
+	if err != nil || packet == nil {
+		if err != nil {
+			c.log.WithError(err).Debug("startup failed")
+		}
+		return
+	}
+	params := startupParams(packet)
+	c.log = c.log.WithFields(logrus.Fields{"user": params["user"], "database": params["database"]})
+	if s.inShutdown.Load() {
+		c.refuse("57P03", "the database system is shutting down")
+		return
+	}
+	if !s.acquireSession() {
+		c.refuse(codeTooManyConnections, "sorry, too many clients already")
+		return
+	}
+	if !c.holdSession() {
+		return
+	}
+	if err := c.connectUpstream(packet); err != nil {
+		c.log.WithError(err).Warn("cannot connect to upstream")
+		c.refuse(codeConnectionUnable, "could not connect to the upstream server: "+err.Error())
+		return
+	}
+	if err := c.authenticate(); err != nil {
+		c.log.WithError(err).Debug("startup did not complete")
+		return
+	}
+	_ = c.client.SetDeadline(noDeadline)
+	_ = c.upstream.SetDeadline(noDeadline)
+	c.log.Debug("session started")
+	c.relay()
+}
+
+// negotiate answers SSLRequest and GSSENCRequest, serves a CancelRequest, and returns the
+// client's StartupMessage packet; nil without error means the connection is done.
+func (c *conn) negotiate() ([]byte, error) {
+	tlsDone := false
+	for {
+		packet, err := readStartupPacket(c.client)
+		if err != nil {
+			return nil, err
+		}
+		code := binary.BigEndian.Uint32(packet[4:8])
+		switch {
+		case code == sslRequestCode && len(packet) == 8 && !tlsDone:
+			tlsDone = true
+			if err := c.startClientTLS(); err != nil {
+				return nil, err
+			}
+		case code == gssEncRequestCode && len(packet) == 8:
+			// GSSAPI encryption cannot be terminated by a proxy; the client falls back.
+			if _, err := c.client.Write([]byte{'N'}); err != nil {
+				return nil, err
+			}
+		case code == cancelRequestCode && len(packet) >= 16:
+			c.srv.forwardCancel(c.ctx, packet)
+			return nil, nil
+		case code>>16 == protocolMajor3:
+			return packet, nil
+		default:
+			c.refuse(codeFeatureNotSupported, fmt.Sprintf(
+				"unsupported frontend protocol %d.%d: server supports 3.0 to 3.2", code>>16, code&0xffff))
+			return nil, fmt.Errorf("unsupported startup code %d", code)
+		}
+	}
+}
+
+func (c *conn) startClientTLS() error {
+	cfg := c.srv.TLSConfig
+	if cfg == nil || (len(cfg.Certificates) == 0 && cfg.GetCertificate == nil && cfg.GetConfigForClient == nil) {
+		_, err := c.client.Write([]byte{'N'})
+		return err
+	}
+	if _, err := c.client.Write([]byte{'S'}); err != nil {
+		return err
+	}
+	tc := tls.Server(c.client, cfg)
+	if err := tc.HandshakeContext(c.ctx); err != nil {
+		return fmt.Errorf("client TLS handshake: %w", err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		tc.Close()
+		return net.ErrClosed
+	}
+	c.client = tc
+	return nil
+}
+
+// connectUpstream dials the upstream and sends it the client's startup packet unchanged, so
+// that every parameter the client chose reaches the database in the client's order.
+func (c *conn) connectUpstream(packet []byte) error {
+	uc, err := c.srv.dialUpstream(c.ctx)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		uc.Close()
+		return net.ErrClosed
+	}
+	c.upstream = uc
+	c.mu.Unlock()
+
+	_ = uc.SetDeadline(time.Now().Add(c.srv.startupTimeout()))
+	maxBody := c.srv.maxMessageSize()
+	c.cr = msgReader{br: bufio.NewReaderSize(c.client, readBufferSize), maxBody: maxBody}
+	c.cw = bufio.NewWriterSize(c.client, writeBufferSize)
+	c.ur = msgReader{br: bufio.NewReaderSize(uc, readBufferSize), maxBody: maxBody}
+	c.uw = bufio.NewWriterSize(uc, writeBufferSize)
+	if _, err := c.uw.Write(packet); err != nil {
+		return err
+	}
+	return c.uw.Flush()
+}
+
+// refuse sends the client a FATAL error of the proxy's own making before any session
+// exists.
+func (c *conn) refuse(code, message string) {
+	c.srv.reject(code)
+	c.log.WithField("code", code).Info(message)
+	_, _ = c.client.Write(fatal(code, message))
+}
+
+// close closes both connections; it is safe to call from any goroutine, any number of times.
+func (c *conn) close() {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.closed = true
+	c.cancel()
+	client, upstream, key, session := c.client, c.upstream, c.cancelKey, c.session
+	c.mu.Unlock()
+
+	client.Close()
+	if upstream != nil {
+		upstream.Close()
+	}
+	if key != "" {
+		c.srv.cancels.remove(key, c)
+	}
+	if session {
+		c.srv.releaseSession()
+	}
+	c.srv.forgetConn(c)
+}
+
+// holdSession records that the connection holds a session slot, giving the slot back at
+// once when the connection was closed meanwhile.
+func (c *conn) holdSession() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		c.srv.releaseSession()
+		return false
+	}
+	c.session = true
+	return true
+}
+
+// setCancelKey registers the cancel key the client is being given.
+func (c *conn) setCancelKey(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	if c.cancelKey != "" {
+		c.srv.cancels.remove(c.cancelKey, c)
+	}
+	c.cancelKey = key
+	c.srv.cancels.add(key, c)
+}
+
+// closeIfIdle ends the session when it is between transactions with nothing outstanding,
+// telling the client why. Used by Shutdown.
+func (c *conn) closeIfIdle() {
+	if c.txStatus.Load() != 'I' || c.pending.Load() != 0 {
+		return
+	}
+	if !c.cwMu.TryLock() {
+		return // a response is being relayed right now: not idle
+	}
+	if c.txStatus.Load() == 'I' && c.pending.Load() == 0 {
+		_ = c.client.SetWriteDeadline(time.Now().Add(time.Second))
+		_, _ = c.cw.Write(fatal(codeAdminShutdown, "terminating connection due to administrator command"))
+		_ = c.cw.Flush()
+		c.cwMu.Unlock()
+		c.close()
+		return
+	}
+	c.cwMu.Unlock()
+}
+
+// startupParams returns the name/value pairs of a protocol 3 StartupMessage packet.
+func startupParams(packet []byte) map[string]string {
+	params := make(map[string]string)
+	fields := bytes.Split(packet[8:], []byte{0})
+	for i := 0; i+1 < len(fields); i += 2 {
+		if len(fields[i]) == 0 {
+			break
+		}
+		params[string(fields[i])] = string(fields[i+1])
+	}
+	return params
+}
+
+var errClientGone = errors.New("client closed the connection")

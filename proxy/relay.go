@@ -1,0 +1,206 @@
+package proxy
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+)
+
+// relay runs an established session: this goroutine carries the client's messages
+// upstream while a second one carries the upstream's messages to the client. Whichever
+// direction ends first closes both connections, which ends the other.
+func (c *conn) relay() {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := c.relayToClient(); err != nil && !c.isClosed() {
+			c.log.WithError(err).Debug("upstream side ended")
+		}
+		c.close()
+	}()
+	if err := c.relayToUpstream(); err != nil && !c.isClosed() {
+		c.log.WithError(err).Debug("client side ended")
+	}
+	c.close()
+	<-done
+	c.log.Debug("session ended")
+}
+
+func (c *conn) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+// relayToUpstream forwards client messages until the client leaves. Writes are batched:
+// the upstream buffer is flushed only when no further client input is already buffered,
+// so a pipeline of messages travels in as few writes as possible.
+func (c *conn) relayToUpstream() error {
+	for {
+		typ, n, err := c.cr.next()
+		if err != nil {
+			return c.clientReadFailed(err)
+		}
+		err = c.fromClient(typ, n)
+		if err == nil && (typ == 'X' || c.cr.br.Buffered() == 0) {
+			if err = c.uw.Flush(); err != nil {
+				err = writeError{err}
+			}
+		}
+		if err != nil {
+			var we writeError
+			if errors.As(err, &we) {
+				c.tellClient(codeConnectionFailure, "server closed the connection unexpectedly")
+			}
+			return err
+		}
+		if typ == 'X' {
+			return nil
+		}
+	}
+}
+
+// fromClient handles one client message whose header has been read. Messages that start
+// a request cycle are counted so that the proxy knows when nothing is outstanding; all
+// others cross unchanged.
+func (c *conn) fromClient(typ byte, n int) error {
+	switch typ {
+	case 'Q', 'S', 'F':
+		// Query, Sync and FunctionCall are each answered by exactly one ReadyForQuery,
+		// whatever happens in between (errors included).
+		c.pending.Add(1)
+	}
+	if err := writeHeader(c.uw, typ, n); err != nil {
+		return writeError{err}
+	}
+	return c.cr.copyBody(c.uw, n)
+}
+
+// clientReadFailed ends the client side after a failed read. A client that just goes away
+// at a message boundary is treated like one that sent Terminate, so that the upstream
+// backend ends quietly instead of logging an unexpected EOF.
+func (c *conn) clientReadFailed(err error) error {
+	if errors.Is(err, io.EOF) {
+		_ = writeHeader(c.uw, 'X', 0)
+		_ = c.uw.Flush()
+		return nil
+	}
+	if errors.Is(err, errMessageTooLarge) {
+		c.tellClient(codeProgramLimitExceeded, err.Error())
+	} else if !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, net.ErrClosed) && !isNetError(err) {
+		c.tellClient(codeProtocolViolation, err.Error())
+	}
+	return err
+}
+
+func isNetError(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne)
+}
+
+// tellClient sends a final FATAL error to the client unless a response is being relayed at
+// this moment, in which case a message of ours would corrupt the stream.
+func (c *conn) tellClient(code, message string) {
+	if !c.cwMu.TryLock() {
+		return
+	}
+	if !c.told.CompareAndSwap(false, true) {
+		c.cwMu.Unlock()
+		return
+	}
+	defer c.cwMu.Unlock()
+	_ = c.client.SetWriteDeadline(time.Now().Add(time.Second))
+	_, _ = c.cw.Write(fatal(code, message))
+	_ = c.cw.Flush()
+}
+
+// relayToClient forwards upstream messages until the upstream connection ends. The client
+// buffer is flushed when no further upstream input is buffered.
+func (c *conn) relayToClient() error {
+	for {
+		typ, n, err := c.ur.next()
+		if err != nil {
+			return c.upstreamReadFailed(err)
+		}
+		c.cwMu.Lock()
+		sawFatal, err := c.fromUpstream(typ, n)
+		if err == nil && c.ur.br.Buffered() == 0 {
+			err = c.cw.Flush()
+		}
+		c.cwMu.Unlock()
+		if err != nil {
+			return err
+		}
+		if sawFatal {
+			// The backend ends the session after a FATAL; so does the proxy, once the
+			// error has reached the client.
+			return nil
+		}
+	}
+}
+
+// fromUpstream handles one upstream message whose header has been read, reporting whether
+// it was a FATAL (or PANIC) error.
+func (c *conn) fromUpstream(typ byte, n int) (fatal bool, err error) {
+	switch typ {
+	case 'Z':
+		body, err := c.ur.readBody(n)
+		if err != nil {
+			return false, err
+		}
+		if len(body) != 1 {
+			return false, fmt.Errorf("ReadyForQuery of %d bytes", len(body))
+		}
+		c.txStatus.Store(uint32(body[0]))
+		c.pending.Add(-1)
+		return false, c.writeClient(typ, body)
+	case 'E':
+		body, err := c.ur.readBody(n)
+		if err != nil {
+			return false, err
+		}
+		return isFatal(body), c.writeClient(typ, body)
+	}
+	if err := writeHeader(c.cw, typ, n); err != nil {
+		return false, err
+	}
+	return false, c.ur.copyBody(c.cw, n)
+}
+
+// upstreamReadFailed tells the client, in PostgreSQL's words, that the server went away
+// without a FATAL of its own (killed backend, crashed server, network failure).
+func (c *conn) upstreamReadFailed(err error) error {
+	if c.isClosed() {
+		return nil
+	}
+	c.log.WithError(err).Info("upstream connection lost")
+	c.tellClient(codeConnectionFailure, "server closed the connection unexpectedly")
+	return err
+}
+
+// isFatal reports whether an ErrorResponse body has severity FATAL or PANIC. The
+// unlocalized severity (V) decides when present; S may be translated.
+func isFatal(body []byte) bool {
+	var severity []byte
+	for len(body) > 0 && body[0] != 0 {
+		field := body[0]
+		end := bytes.IndexByte(body, 0)
+		if end < 0 {
+			break
+		}
+		switch field {
+		case 'V':
+			severity = body[1:end]
+		case 'S':
+			if severity == nil {
+				severity = body[1:end]
+			}
+		}
+		body = body[end+1:]
+	}
+	s := string(severity)
+	return s == "FATAL" || s == "PANIC"
+}

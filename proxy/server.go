@@ -1,0 +1,310 @@
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sirupsen/logrus"
+)
+
+// Defaults for the zero values of Server's fields.
+const (
+	DefaultAddr           = "127.0.0.1:6432"
+	DefaultStartupTimeout = 30 * time.Second
+	DefaultDialTimeout    = 10 * time.Second
+	// DefaultMaxMessageSize is PostgreSQL's own limit on a message (MaxAllocSize, 1 GB).
+	DefaultMaxMessageSize = defaultMaxBodySize
+)
+
+// ErrServerClosed is returned by Serve and ListenAndServe after Shutdown or Close.
+var ErrServerClosed = errors.New("proxy: server closed")
+
+// noDeadline clears a connection deadline.
+var noDeadline time.Time
+
+// Server accepts PostgreSQL clients and relays each one, in session mode, to its own
+// connection to the upstream database. Its exported fields are its configuration; set them
+// before Serve and do not change them afterwards.
+type Server struct {
+	// Addr is the TCP address ListenAndServe listens on (DefaultAddr when empty).
+	Addr string
+
+	// Upstream is the database's address: host:port, or the path of a Unix socket.
+	Upstream string
+	// UpstreamSSLMode says how the upstream connection is encrypted (SSLPrefer when empty).
+	UpstreamSSLMode SSLMode
+	// UpstreamRootCAs verifies the upstream's certificate under SSLVerifyFull; nil means
+	// the system's roots.
+	UpstreamRootCAs *x509.CertPool
+	// UpstreamServerName is the name expected in the upstream's certificate under
+	// SSLVerifyFull; empty means the host part of Upstream.
+	UpstreamServerName string
+	// DialTimeout bounds connecting to the upstream, TLS included (DefaultDialTimeout).
+	DialTimeout time.Duration
+
+	// TLSConfig, when it holds a certificate, lets clients encrypt their connection
+	// (SSLRequest is answered 'S'); nil refuses TLS ('N').
+	TLSConfig *tls.Config
+
+	// MaxClientConns is the most client sessions served at once; past it a client gets
+	// FATAL 53300 "sorry, too many clients already". Zero means no limit.
+	MaxClientConns int
+	// StartupTimeout bounds the whole startup of a client, from accept to the first
+	// ReadyForQuery (TLS, authentication and the upstream's startup included), so that a
+	// silent socket cannot hold a session slot (DefaultStartupTimeout).
+	StartupTimeout time.Duration
+	// MaxMessageSize is the largest message body accepted from either side
+	// (DefaultMaxMessageSize). A larger message ends the session with a FATAL error.
+	MaxMessageSize int
+
+	// Logger receives connection-level events (never per-query ones at Info or above);
+	// nil means logrus's standard logger.
+	Logger logrus.FieldLogger
+
+	// Optional hooks, typically for metrics. They are called from connection goroutines
+	// and must be quick and safe for concurrent use.
+	OnConnOpen  func()            // a client connection was accepted
+	OnConnClose func()            // a client connection was closed
+	OnReject    func(code string) // a client was refused with this SQLSTATE by the proxy itself
+
+	mu         sync.Mutex
+	listeners  map[*net.Listener]struct{}
+	conns      map[*conn]struct{}
+	inShutdown atomic.Bool
+	sessions   atomic.Int64 // clients past the startup packet, counted against MaxClientConns
+	nextID     atomic.Uint64
+	cancels    cancelRegistry
+}
+
+func (s *Server) logger() logrus.FieldLogger {
+	if s.Logger != nil {
+		return s.Logger
+	}
+	return logrus.StandardLogger()
+}
+
+func (s *Server) startupTimeout() time.Duration {
+	if s.StartupTimeout > 0 {
+		return s.StartupTimeout
+	}
+	return DefaultStartupTimeout
+}
+
+func (s *Server) dialTimeout() time.Duration {
+	if s.DialTimeout > 0 {
+		return s.DialTimeout
+	}
+	return DefaultDialTimeout
+}
+
+func (s *Server) maxMessageSize() int {
+	if s.MaxMessageSize > 0 {
+		return s.MaxMessageSize
+	}
+	return DefaultMaxMessageSize
+}
+
+// ListenAndServe listens on Addr and serves clients until Shutdown or Close.
+func (s *Server) ListenAndServe() error {
+	if s.inShutdown.Load() {
+		return ErrServerClosed
+	}
+	addr := s.Addr
+	if addr == "" {
+		addr = DefaultAddr
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	return s.Serve(l)
+}
+
+// Serve accepts clients on l, serving each in its own goroutines, until Shutdown or Close,
+// after which it returns ErrServerClosed. Serve closes l when it returns.
+func (s *Server) Serve(l net.Listener) error {
+	if !s.trackListener(&l, true) {
+		l.Close()
+		return ErrServerClosed
+	}
+	defer s.trackListener(&l, false)
+	defer l.Close()
+	if s.Upstream == "" {
+		return errors.New("proxy: Server.Upstream is not set")
+	}
+	if _, err := ParseSSLMode(string(s.UpstreamSSLMode)); err != nil {
+		return err
+	}
+	var backoff time.Duration
+	for {
+		nc, err := l.Accept()
+		if err != nil {
+			if s.inShutdown.Load() {
+				return ErrServerClosed
+			}
+			if isTemporary(err) {
+				// Out of descriptors and the like: wait for connections to end rather
+				// than spinning.
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				s.logger().WithError(err).WithField("retry_in", backoff).Warn("accept failed")
+				time.Sleep(backoff)
+				continue
+			}
+			return err
+		}
+		backoff = 0
+		c := s.newConn(nc)
+		if c == nil {
+			nc.Close()
+			return ErrServerClosed
+		}
+		go c.serve()
+	}
+}
+
+func isTemporary(err error) bool {
+	var te interface{ Temporary() bool }
+	return errors.As(err, &te) && te.Temporary()
+}
+
+func (s *Server) trackListener(l *net.Listener, add bool) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if add {
+		if s.inShutdown.Load() {
+			return false
+		}
+		if s.listeners == nil {
+			s.listeners = make(map[*net.Listener]struct{})
+		}
+		s.listeners[l] = struct{}{}
+		return true
+	}
+	delete(s.listeners, l)
+	return true
+}
+
+// newConn registers an accepted connection; nil means the server is shutting down.
+func (s *Server) newConn(nc net.Conn) *conn {
+	c := newConnState(s, nc)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.inShutdown.Load() {
+		return nil
+	}
+	if s.conns == nil {
+		s.conns = make(map[*conn]struct{})
+	}
+	s.conns[c] = struct{}{}
+	if s.OnConnOpen != nil {
+		s.OnConnOpen()
+	}
+	return c
+}
+
+func (s *Server) forgetConn(c *conn) {
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+	if s.OnConnClose != nil {
+		s.OnConnClose()
+	}
+}
+
+func (s *Server) closeListeners() {
+	for l := range s.listeners {
+		(*l).Close()
+	}
+}
+
+// Shutdown stops the server gracefully: it closes the listeners, ends each session as soon
+// as it is idle (outside a transaction with no request outstanding; the client is told
+// FATAL 57P01, as PostgreSQL's own shutdown does), and waits for the others to finish their
+// transactions. When ctx ends first, the remaining connections are closed and ctx's error
+// is returned.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.inShutdown.Store(true)
+	s.closeListeners()
+	s.mu.Unlock()
+
+	wait := time.Millisecond
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for {
+		if s.closeIdleConns() {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			s.closeAllConns()
+			return ctx.Err()
+		case <-timer.C:
+			wait = min(2*wait, 100*time.Millisecond)
+			timer.Reset(wait)
+		}
+	}
+}
+
+// closeIdleConns ends idle sessions and reports whether no connection is left.
+func (s *Server) closeIdleConns() bool {
+	s.mu.Lock()
+	idle := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		idle = append(idle, c)
+	}
+	s.mu.Unlock()
+	for _, c := range idle {
+		c.closeIfIdle()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.conns) == 0
+}
+
+// Close stops the server at once: listeners and every client connection are closed.
+// Serve returns ErrServerClosed.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	s.inShutdown.Store(true)
+	s.closeListeners()
+	s.mu.Unlock()
+	s.closeAllConns()
+	return nil
+}
+
+func (s *Server) closeAllConns() {
+	s.mu.Lock()
+	all := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		all = append(all, c)
+	}
+	s.mu.Unlock()
+	for _, c := range all {
+		c.close()
+	}
+}
+
+// acquireSession takes a session slot, reporting false when MaxClientConns is reached.
+func (s *Server) acquireSession() bool {
+	n := s.sessions.Add(1)
+	if s.MaxClientConns > 0 && n > int64(s.MaxClientConns) {
+		s.sessions.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (s *Server) releaseSession() { s.sessions.Add(-1) }
+
+func (s *Server) reject(code string) {
+	if s.OnReject != nil {
+		s.OnReject(code)
+	}
+}

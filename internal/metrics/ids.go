@@ -1,0 +1,179 @@
+package metrics
+
+import (
+	"context"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/leafproxy/leafproxy/idgen"
+)
+
+// Key names one series of issued IDs.
+type Key struct {
+	Engine string
+	Tag    string
+}
+
+// issuedCollector counts IDs in plain atomics (one add per ID, no label hashing) and turns
+// them into leafproxy_ids_issued_total at scrape time.
+type issuedCollector struct {
+	desc     *prometheus.Desc
+	counters sync.Map // Key → *atomic.Uint64
+}
+
+func newIssuedCollector() *issuedCollector {
+	return &issuedCollector{desc: prometheus.NewDesc(namespace+"_ids_issued_total",
+		"IDs handed out, by engine (segment, snowflake) and tag.", []string{"engine", "tag"}, nil)}
+}
+
+func (c *issuedCollector) counter(engine, tag string) *atomic.Uint64 {
+	k := Key{engine, tag}
+	if v, ok := c.counters.Load(k); ok {
+		return v.(*atomic.Uint64)
+	}
+	v, _ := c.counters.LoadOrStore(k, new(atomic.Uint64))
+	return v.(*atomic.Uint64)
+}
+
+func (c *issuedCollector) totals() map[Key]uint64 {
+	out := map[Key]uint64{}
+	c.counters.Range(func(k, v any) bool {
+		out[k.(Key)] = v.(*atomic.Uint64).Load()
+		return true
+	})
+	return out
+}
+
+func (c *issuedCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *issuedCollector) Collect(ch chan<- prometheus.Metric) {
+	for k, n := range c.totals() {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(n), k.Engine, k.Tag)
+	}
+}
+
+// BufferLevel is what the segment engine holds for one tag, for the buffer gauges.
+type BufferLevel struct {
+	Tag       string
+	Remaining int64 // IDs left in the current and the next segment together
+	Step      int64 // size of the current segment
+}
+
+type bufferCollector struct {
+	levels func() []BufferLevel
+}
+
+var (
+	bufferRemainingDesc = prometheus.NewDesc(namespace+"_segment_buffer_remaining",
+		"IDs left in memory for a segment tag (current and next segment).", []string{"tag"}, nil)
+	bufferStepDesc = prometheus.NewDesc(namespace+"_segment_step",
+		"Size of the segment a tag is serving from.", []string{"tag"}, nil)
+)
+
+func (c *bufferCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- bufferRemainingDesc
+	ch <- bufferStepDesc
+}
+
+func (c *bufferCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, l := range c.levels() {
+		ch <- prometheus.MustNewConstMetric(bufferRemainingDesc, prometheus.GaugeValue, float64(l.Remaining), l.Tag)
+		ch <- prometheus.MustNewConstMetric(bufferStepDesc, prometheus.GaugeValue, float64(l.Step), l.Tag)
+	}
+}
+
+// Counting wraps a generator so that every ID it returns is counted under engine and its
+// tag, and every failure under engine and its reason.
+func (m *Metrics) Counting(engine string, g idgen.Generator) idgen.Generator {
+	return &counting{m: m, engine: engine, g: g}
+}
+
+type counting struct {
+	m      *Metrics
+	engine string
+	g      idgen.Generator
+}
+
+func (c *counting) Next(ctx context.Context, tag string) (int64, error) {
+	id, err := c.g.Next(ctx, tag)
+	if err != nil {
+		c.m.IDError(c.engine, err)
+		return id, err
+	}
+	c.m.issued.counter(c.engine, tag).Add(1)
+	return id, nil
+}
+
+// RateMeter turns the issued totals into IDs per second over a sliding window. Call
+// Sample about once a second (a ticker in the server does) and Rates whenever.
+type RateMeter struct {
+	m      *Metrics
+	window time.Duration
+
+	mu      sync.Mutex
+	samples []rateSample // oldest first, spanning at most window
+}
+
+type rateSample struct {
+	at     time.Time
+	totals map[Key]uint64
+}
+
+// NewRateMeter measures rates over window (10 s when zero).
+func (m *Metrics) NewRateMeter(window time.Duration) *RateMeter {
+	if window <= 0 {
+		window = 10 * time.Second
+	}
+	return &RateMeter{m: m, window: window}
+}
+
+// Sample records the totals at now.
+func (r *RateMeter) Sample(now time.Time) {
+	s := rateSample{at: now, totals: r.m.IssuedTotals()}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.samples = append(r.samples, s)
+	// Keep one sample older than the window so the rate spans the whole window.
+	for len(r.samples) > 2 && now.Sub(r.samples[1].at) >= r.window {
+		r.samples = r.samples[1:]
+	}
+}
+
+// Rates returns IDs per second per series between the oldest and the newest sample; a
+// series is missing until two samples exist.
+func (r *RateMeter) Rates() map[Key]float64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[Key]float64{}
+	if len(r.samples) < 2 {
+		return out
+	}
+	first, last := r.samples[0], r.samples[len(r.samples)-1]
+	secs := last.at.Sub(first.at).Seconds()
+	if secs <= 0 {
+		return out
+	}
+	for k, n := range last.totals {
+		out[k] = float64(n-first.totals[k]) / secs
+	}
+	return out
+}
+
+// SortedKeys returns the keys of a totals or rates map in engine, tag order.
+func SortedKeys[V any](m map[Key]V) []Key {
+	keys := make([]Key, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].Engine != keys[j].Engine {
+			return keys[i].Engine < keys[j].Engine
+		}
+		return keys[i].Tag < keys[j].Tag
+	})
+	return keys
+}

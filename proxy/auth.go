@@ -1,18 +1,12 @@
 package proxy
 
 import (
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 )
-
-// channelBindingMechanism is the SASL mechanism that binds SCRAM to the TLS channel. The
-// client's channel ends at the proxy and the server's starts there, so the binding can
-// never match: the proxy hides the mechanism from clients.
-const channelBindingMechanism = "SCRAM-SHA-256-PLUS"
 
 // errStartupRefused reports that the upstream ended the startup with an ErrorResponse,
 // which has been relayed to the client.
@@ -36,10 +30,12 @@ func (c *conn) authenticate() error {
 			if len(body) < 4 {
 				return fmt.Errorf("authentication message of %d bytes", len(body))
 			}
+			// SASL mechanisms are passed on unchanged, SCRAM-SHA-256-PLUS included:
+			// hiding it would not help, since a client able to bind then signals
+			// "binding supported but not offered" and the server rejects that as a
+			// downgrade. Binding succeeds when the proxy presents the database's own
+			// certificate; otherwise clients must use channel_binding=disable.
 			code := binary.BigEndian.Uint32(body)
-			if code == pgproto3.AuthTypeSASL {
-				body = withoutMechanism(body, channelBindingMechanism)
-			}
 			if err := c.writeClient('R', body); err != nil {
 				return err
 			}
@@ -150,19 +146,4 @@ func authNeedsResponse(code uint32) bool {
 		return true
 	}
 	return false
-}
-
-// withoutMechanism removes one mechanism from an AuthenticationSASL body (code, then
-// NUL-terminated names, then a final NUL).
-func withoutMechanism(body []byte, mechanism string) []byte {
-	out := make([]byte, 4, len(body))
-	copy(out, body[:4])
-	for _, name := range bytes.Split(body[4:], []byte{0}) {
-		if len(name) == 0 || string(name) == mechanism {
-			continue
-		}
-		out = append(out, name...)
-		out = append(out, 0)
-	}
-	return append(out, 0)
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/url"
+	"strconv"
 	"testing"
 	"time"
 
@@ -113,4 +114,18 @@ func testContext(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+// waitIdle waits until the server tracks no connection.
+func waitIdle(s *Server, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if s.connCount() == 0 {
+			return true
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return s.connCount() == 0
 }

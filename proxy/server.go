@@ -308,3 +308,10 @@ func (s *Server) reject(code string) {
 		s.OnReject(code)
 	}
 }
+
+// connCount returns the number of client connections the server holds.
+func (s *Server) connCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.conns)
+}

@@ -1,0 +1,221 @@
+// Package httpapi is the admin HTTP server of leafproxy: Leaf-compatible ID endpoints,
+// Leaf's /cache and /decodeSnowflakeId monitors, a status page, Prometheus metrics, and
+// health and readiness probes.
+//
+// Every endpoint except /healthz requires the bearer token when one is configured, so
+// that an admin port reachable by others hands out neither IDs nor internals.
+package httpapi
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/leafproxy/leafproxy/idgen"
+	"github.com/leafproxy/leafproxy/idgen/segment"
+	"github.com/leafproxy/leafproxy/internal/metrics"
+)
+
+// Options are what the server shows and serves. Nil fields turn their endpoints into a
+// 503 (or, for the status page, leave the section out).
+type Options struct {
+	// Segment serves /api/segment/get/{tag}.
+	Segment idgen.Generator
+	// Snowflake serves /api/snowflake/get/{tag}; as in Leaf the tag is ignored.
+	Snowflake idgen.Generator
+	// Decode splits a snowflake ID for /decodeSnowflakeId.
+	Decode func(id int64) Decoded
+	// Cache returns the segment engine's buffers for /cache and the status page.
+	Cache func() []segment.TagSnapshot
+	// Status returns what the status page shows besides the segment tags.
+	Status func() Status
+	// Rates returns IDs per second per engine and tag, Totals the IDs issued so far.
+	Rates  func() map[metrics.Key]float64
+	Totals func() map[metrics.Key]uint64
+	// Ready returns nil when the engines can issue IDs, else the reason they cannot.
+	Ready func(ctx context.Context) error
+	// Metrics serves /metrics.
+	Metrics http.Handler
+	// Token, when not empty, is required as "Authorization: Bearer <token>".
+	Token string
+	// Logger receives request failures; default logrus.StandardLogger().
+	Logger logrus.FieldLogger
+}
+
+// Decoded is a snowflake ID split into its parts. WorkerID and SequenceID repeat worker and
+// sequence as strings under the names Leaf's decoder uses.
+type Decoded struct {
+	ID         int64     `json:"id,string"`
+	Timestamp  int64     `json:"timestamp"` // Unix milliseconds
+	Time       time.Time `json:"time"`
+	Worker     int64     `json:"worker"`
+	Sequence   int64     `json:"sequence"`
+	WorkerID   string    `json:"workerId"`
+	SequenceID string    `json:"sequenceId"`
+}
+
+// Status is the non-segment part of the status page.
+type Status struct {
+	Version       string
+	StartedAt     time.Time
+	Listen        string
+	Upstream      string
+	SnowflakeTags []string
+	FillRules     []string
+	Snowflake     *SnowflakeStatus // nil when the snowflake engine is not running
+}
+
+// SnowflakeStatus describes the snowflake engine and its worker ID.
+type SnowflakeStatus struct {
+	Source    string // static, postgres, zookeeper
+	WorkerID  int64  // -1 while none is held
+	Held      bool
+	Layout    string
+	Epoch     time.Time
+	HighWater time.Time // the last millisecond used in an ID (the durable high-water mark)
+}
+
+type server struct {
+	Options
+	mux *http.ServeMux
+}
+
+// New returns the admin handler.
+func New(o Options) http.Handler {
+	if o.Logger == nil {
+		o.Logger = logrus.StandardLogger()
+	}
+	s := &server{Options: o, mux: http.NewServeMux()}
+	s.mux.HandleFunc("GET /api/segment/get/{tag}", s.segmentID)
+	s.mux.HandleFunc("GET /api/snowflake/get/{tag}", s.snowflakeID)
+	s.mux.HandleFunc("GET /decodeSnowflakeId", s.decode)
+	s.mux.HandleFunc("GET /cache", s.cache)
+	s.mux.HandleFunc("GET /healthz", s.healthz)
+	s.mux.HandleFunc("GET /readyz", s.readyz)
+	s.mux.HandleFunc("GET /{$}", s.statusPage)
+	if o.Metrics != nil {
+		s.mux.Handle("GET /metrics", o.Metrics)
+	} else {
+		s.mux.HandleFunc("GET /metrics", unavailable("metrics are not configured"))
+	}
+	return s
+}
+
+func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.Token != "" && r.URL.Path != "/healthz" && !s.authorized(r) {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="leafproxy"`)
+		http.Error(w, "missing or wrong bearer token", http.StatusUnauthorized)
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+func (s *server) authorized(r *http.Request) bool {
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	// ConstantTimeCompare leaks only the length, which a token's length does not help guess.
+	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(s.Token)) == 1
+}
+
+func unavailable(msg string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, msg, http.StatusServiceUnavailable)
+	}
+}
+
+// idStatus maps an engine error to the HTTP status Leaf users expect: 404 for an unknown
+// tag, 400 for a malformed request, 500 for everything else (Leaf answers 500 on failure).
+func idStatus(err error) int {
+	switch {
+	case errors.Is(err, idgen.ErrUnknownTag):
+		return http.StatusNotFound
+	case errors.Is(err, idgen.ErrBadArgument):
+		return http.StatusBadRequest
+	}
+	return http.StatusInternalServerError
+}
+
+func (s *server) writeID(w http.ResponseWriter, r *http.Request, g idgen.Generator, engine, tag string) {
+	if g == nil {
+		http.Error(w, engine+" engine is not running", http.StatusServiceUnavailable)
+		return
+	}
+	id, err := g.Next(r.Context(), tag)
+	if err != nil {
+		code := idStatus(err)
+		if code == http.StatusInternalServerError {
+			s.Logger.WithFields(logrus.Fields{"engine": engine, "tag": tag, "error": err}).Warn("ID request failed")
+		}
+		http.Error(w, err.Error(), code)
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	_, _ = w.Write(strconv.AppendInt(nil, id, 10))
+}
+
+func (s *server) segmentID(w http.ResponseWriter, r *http.Request) {
+	s.writeID(w, r, s.Segment, "segment", r.PathValue("tag"))
+}
+
+func (s *server) snowflakeID(w http.ResponseWriter, r *http.Request) {
+	// Leaf ignores the key here; so do we, and the metrics do not get a label per key.
+	s.writeID(w, r, s.Snowflake, "snowflake", "")
+}
+
+func (s *server) decode(w http.ResponseWriter, r *http.Request) {
+	if s.Decode == nil {
+		http.Error(w, "snowflake decoding is not configured", http.StatusServiceUnavailable)
+		return
+	}
+	raw := r.URL.Query().Get("snowflakeId")
+	id, err := strconv.ParseInt(strings.TrimSpace(raw), 10, 64)
+	if err != nil || id < 0 {
+		http.Error(w, "snowflakeId must be a non-negative 64-bit integer, got "+strconv.Quote(raw), http.StatusBadRequest)
+		return
+	}
+	writeJSON(w, s.Decode(id))
+}
+
+func (s *server) cache(w http.ResponseWriter, r *http.Request) {
+	if s.Cache == nil {
+		http.Error(w, "segment engine is not running", http.StatusServiceUnavailable)
+		return
+	}
+	writeJSON(w, cacheView(s.Cache()))
+}
+
+func (s *server) healthz(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	_, _ = w.Write([]byte("ok\n"))
+}
+
+func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	if s.Ready == nil {
+		http.Error(w, "no readiness check configured", http.StatusServiceUnavailable)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	if err := s.Ready(ctx); err != nil {
+		http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	_, _ = w.Write([]byte("ready\n"))
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}

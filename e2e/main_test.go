@@ -19,7 +19,7 @@ import (
 var soak = flag.Bool("soak", false, "run the load tests for 60 s instead of 15 s (also LEAF_E2E_SOAK=1)")
 
 // binary is the leafproxy command built once for the whole package by TestMain.
-var binary struct {
+var leafBinary struct {
 	path     string
 	missing  string // why there is nothing to build (cmd/leafproxy absent), or ""
 	buildErr error  // the build failed although the sources are there: a real failure
@@ -68,12 +68,12 @@ func goTool() string {
 func buildBinary(dir string) {
 	root, err := moduleRoot()
 	if err != nil {
-		binary.buildErr = err
+		leafBinary.buildErr = err
 		return
 	}
 	srcs, _ := filepath.Glob(filepath.Join(root, "cmd", "leafproxy", "*.go"))
 	if len(srcs) == 0 {
-		binary.missing = "cmd/leafproxy has no Go files yet: the leafproxy binary cannot be built"
+		leafBinary.missing = "cmd/leafproxy has no Go files yet: the leafproxy binary cannot be built"
 		return
 	}
 	out := filepath.Join(dir, "leafproxy")
@@ -82,10 +82,10 @@ func buildBinary(dir string) {
 	cmd := exec.CommandContext(ctx, goTool(), "build", "-o", out, "./cmd/leafproxy")
 	cmd.Dir = root
 	if msg, err := cmd.CombinedOutput(); err != nil {
-		binary.buildErr = fmt.Errorf("go build ./cmd/leafproxy: %w\n%s", err, msg)
+		leafBinary.buildErr = fmt.Errorf("go build ./cmd/leafproxy: %w\n%s", err, msg)
 		return
 	}
-	binary.path = out
+	leafBinary.path = out
 }
 
 // leafproxyBin returns the built binary, skipping the test when the command does not exist
@@ -93,12 +93,12 @@ func buildBinary(dir string) {
 func leafproxyBin(t testing.TB) string {
 	t.Helper()
 	switch {
-	case binary.missing != "":
-		t.Skip(binary.missing)
-	case binary.buildErr != nil:
-		t.Fatal(binary.buildErr)
+	case leafBinary.missing != "":
+		t.Skip(leafBinary.missing)
+	case leafBinary.buildErr != nil:
+		t.Fatal(leafBinary.buildErr)
 	}
-	return binary.path
+	return leafBinary.path
 }
 
 var helpCache sync.Map // subcommand → help text

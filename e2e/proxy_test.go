@@ -39,6 +39,8 @@ type ProxyConfig struct {
 	// cache under os.TempDir(), so a test that restarts a proxy keeps the same TempDir.
 	// Default: a fresh directory per proxy.
 	TempDir string
+	// HTTPToken is passed as --http-token and sent by the readiness probe.
+	HTTPToken string
 	// HTTPAddr overrides the admin listen address (default 127.0.0.1 and a free port);
 	// "-" leaves --http out entirely.
 	HTTPAddr string
@@ -135,6 +137,9 @@ func (p *Proxy) args() []string {
 	case "-":
 	default:
 		a = append(a, "--http", c.HTTPAddr)
+	}
+	if c.HTTPToken != "" {
+		a = append(a, "--http-token", c.HTTPToken)
 	}
 	if c.WorkerSource != "" {
 		a = append(a, "--worker-source", c.WorkerSource)
@@ -253,7 +258,14 @@ func (p *Proxy) WaitReady(ctx context.Context) error {
 
 func (p *Proxy) readyOnce(client *http.Client) error {
 	if p.cfg.HTTPAddr != "-" {
-		resp, err := client.Get(p.HTTPURL() + "/readyz")
+		req, err := http.NewRequest(http.MethodGet, p.HTTPURL()+"/readyz", nil)
+		if err != nil {
+			return err
+		}
+		if p.cfg.HTTPToken != "" {
+			req.Header.Set("Authorization", "Bearer "+p.cfg.HTTPToken)
+		}
+		resp, err := client.Do(req)
 		if err == nil {
 			body, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()

@@ -1,0 +1,337 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/leafproxy/leafproxy/internal/testenv"
+)
+
+// sqlIDs asks the proxy for n IDs of tag over one fresh connection.
+func sqlIDs(ctx context.Context, p *Proxy, dbURL, tag string, n int) ([]int64, error) {
+	conn, err := pgx.Connect(ctx, p.URL(dbURL, "postgres", ""))
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(context.Background())
+	ids := make([]int64, 0, n)
+	for i := 0; i < n; i++ {
+		var id int64
+		if err := conn.QueryRow(ctx, "SELECT leaf_next($1)", tag).Scan(&id); err != nil {
+			return ids, err
+		}
+		ids = append(ids, id)
+	}
+	return ids, nil
+}
+
+// snowflakeWorker returns the worker ID of the proxy's snowflake IDs, recording the IDs.
+func snowflakeWorker(t testing.TB, p *Proxy, dbURL string, coll *Collector, phase string) int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ids, err := sqlIDs(ctx, p, dbURL, snowOrder, 20)
+	if err != nil {
+		t.Fatalf("%s: leaf_next('%s'): %v", p.Name, snowOrder, err)
+	}
+	workers := map[int64]bool{}
+	for _, id := range ids {
+		_, w, _ := decodeSnowflake(id)
+		workers[w] = true
+		coll.Add(IDRow{Namespace: snowflakeNamespace, ID: id, Origin: originLeafNext, Proxy: p.Name, Phase: phase})
+	}
+	if len(workers) != 1 {
+		t.Fatalf("%s issued IDs of %d worker IDs", p.Name, len(workers))
+	}
+	for w := range workers {
+		return w
+	}
+	return -1
+}
+
+// zkLeader returns the member of the ensemble that says it leads.
+func zkLeader(t testing.TB, ens []*testenv.ZooKeeper) (*testenv.ZooKeeper, error) {
+	t.Helper()
+	for _, z := range ens {
+		if m, err := z.Mode(); err == nil && m == "leader" {
+			return z, nil
+		}
+	}
+	return nil, fmt.Errorf("no member of the ensemble leads")
+}
+
+// waitLeader polls until some running member other than gone leads, returning how long.
+func waitLeader(ens []*testenv.ZooKeeper, gone *testenv.ZooKeeper, timeout time.Duration) (time.Duration, error) {
+	began := time.Now()
+	for time.Since(began) < timeout {
+		for _, z := range ens {
+			if z == gone {
+				continue
+			}
+			if m, err := z.Mode(); err == nil && m == "leader" {
+				return time.Since(began), nil
+			}
+		}
+		<-time.After(50 * time.Millisecond)
+	}
+	return time.Since(began), fmt.Errorf("no new leader within %v", timeout)
+}
+
+// zkSocketStates returns the TCP states (hex, as in /proc/net/tcp: 01 ESTABLISHED,
+// 08 CLOSE_WAIT) of the process's sockets whose remote port is one of ports.
+func zkSocketStates(pid int, ports map[int]bool) ([]string, error) {
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		return nil, err
+	}
+	inodes := map[string]bool{}
+	for _, fd := range fds {
+		target, err := os.Readlink(filepath.Join(fmt.Sprintf("/proc/%d/fd", pid), fd.Name()))
+		if err == nil && strings.HasPrefix(target, "socket:[") {
+			inodes[strings.TrimSuffix(strings.TrimPrefix(target, "socket:["), "]")] = true
+		}
+	}
+	var states []string
+	for _, file := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		f, err := os.Open(file)
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			fields := strings.Fields(sc.Text())
+			if len(fields) < 10 || !inodes[fields[9]] {
+				continue
+			}
+			i := strings.LastIndexByte(fields[2], ':')
+			port, err := strconv.ParseInt(fields[2][i+1:], 16, 32)
+			if err == nil && ports[int(port)] {
+				states = append(states, fields[3])
+			}
+		}
+		f.Close()
+	}
+	return states, nil
+}
+
+// waitSessionDropped waits until none of the (stopped) proxy's connections to ZooKeeper is
+// established any more: the server closes a connection when it expires its session.
+func waitSessionDropped(t testing.TB, p *Proxy, ens []*testenv.ZooKeeper, timeout time.Duration) time.Duration {
+	t.Helper()
+	ports := map[int]bool{}
+	for _, z := range ens {
+		ports[z.Port] = true
+	}
+	began := time.Now()
+	states, err := zkSocketStates(p.Pid(), ports)
+	if err != nil || len(states) == 0 {
+		t.Fatalf("%s has no connection to ZooKeeper to expire (%v, %v)", p.Name, states, err)
+	}
+	for time.Since(began) < timeout {
+		states, err = zkSocketStates(p.Pid(), ports)
+		if err != nil {
+			t.Fatal(err)
+		}
+		established := false
+		for _, s := range states {
+			established = established || s == "01"
+		}
+		if !established {
+			return time.Since(began)
+		}
+		<-time.After(100 * time.Millisecond)
+	}
+	t.Fatalf("ZooKeeper did not drop %s's session within %v (socket states %v)", p.Name, timeout, states)
+	return 0
+}
+
+var metricLine = regexp.MustCompile(`(?m)^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? ([0-9.eE+-]+)$`)
+
+// metricSum adds up the samples of every metric whose name contains all the words.
+func metricSum(t testing.TB, p *Proxy, words ...string) (float64, bool) {
+	t.Helper()
+	status, body, err := p.HTTPGet("/metrics", nil)
+	if err != nil || status != 200 {
+		return 0, false
+	}
+	sum, found := 0.0, false
+	for _, m := range metricLine.FindAllStringSubmatch(body, -1) {
+		name := strings.ToLower(m[1])
+		ok := true
+		for _, w := range words {
+			ok = ok && strings.Contains(name, w)
+		}
+		if ok {
+			v, _ := strconv.ParseFloat(m[3], 64)
+			sum, found = sum+v, true
+		}
+	}
+	return sum, found
+}
+
+// TestZooKeeper runs the ZooKeeper worker source against a private three-node ensemble:
+// losing the leader under load, a session expiry, and a proxy that starts while the whole
+// ensemble is down.
+func TestZooKeeper(t *testing.T) {
+	requireServeFlags(t, "snowflake-tags", "fill", "worker-source", "zk")
+	ens := testenv.NewEnsemble(t, 3)
+	servers := make([]string, len(ens))
+	for i, z := range ens {
+		servers[i] = z.Addr()
+	}
+	dsn := testenv.NewDatabase(t)
+	fx := newFixture(t, dsn, 1000)
+	coll := NewCollector()
+	zk := zkWorkers(t, servers)
+
+	t.Run("LeaderLossUnderLoad", func(t *testing.T) {
+		proxies := startProxies(t, fx, 2, zk)
+		load := StartLoad(t, coll, dsn, proxies, 8)
+		phase := loadDuration() / 3
+		hold(phase)
+		leader, err := zkLeader(t, ens)
+		if err != nil {
+			t.Fatal(err)
+		}
+		load.SetPhase("leader down")
+		leader.Stop()
+		election, err := waitLeader(ens, leader, 60*time.Second)
+		if err != nil {
+			t.Error(err)
+		}
+		var flows []time.Duration
+		for _, p := range proxies {
+			took, err := load.WaitSuccesses(p.Name, 200, 30*time.Second)
+			if err != nil {
+				t.Errorf("after the leader stopped: %v", err)
+			}
+			flows = append(flows, took)
+		}
+		hold(phase)
+		load.SetPhase("after")
+		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+		defer cancel()
+		if err := leader.Start(ctx); err != nil {
+			t.Fatalf("restart the old leader: %v", err)
+		}
+		load.Stop()
+		reportErrors(t, "failed statement", load.Errors(), func(loadErr) bool { return true })
+		requireNoDuplicates(t, coll)
+		t.Logf("FIGURE zk-leader: new leader elected in %v; 200 statements per proxy right after the stop took %v; %d statements, %d errors",
+			election.Round(time.Millisecond), flows, load.Total(), len(load.Errors()))
+		for _, p := range proxies {
+			p.Terminate(30 * time.Second)
+		}
+	})
+
+	t.Run("SessionExpiry", func(t *testing.T) {
+		p := startProxies(t, fx, 1, zk)[0]
+		before := snowflakeWorker(t, p, dsn, coll, "before expiry")
+		p.Signal(syscall.SIGSTOP)
+		stopped := true
+		defer func() {
+			if stopped {
+				p.Signal(syscall.SIGCONT)
+			}
+		}()
+		expiry := waitSessionDropped(t, p, ens, 90*time.Second)
+		p.Signal(syscall.SIGCONT)
+		stopped = false
+		resumed := time.Now()
+		// Issue must go on: poll until a fresh session gets an ID, then keep asking.
+		var worker int64 = -1
+		var last error
+		for time.Since(resumed) < 30*time.Second {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			ids, err := sqlIDs(ctx, p, dsn, snowOrder, 1)
+			cancel()
+			if err == nil {
+				_, worker, _ = decodeSnowflake(ids[0])
+				coll.Add(IDRow{Namespace: snowflakeNamespace, ID: ids[0], Origin: originLeafNext, Proxy: p.Name, Phase: "after expiry"})
+				break
+			}
+			last = err
+			<-time.After(50 * time.Millisecond)
+		}
+		if worker < 0 {
+			t.Fatalf("no snowflake ID within 30 s of the expired session: %v", last)
+		}
+		firstID := time.Since(resumed)
+		if after := snowflakeWorker(t, p, dsn, coll, "after expiry"); after != before || worker != before {
+			t.Errorf("worker ID %d before the session expired, %d/%d after: the persistent node keeps it", before, worker, after)
+		}
+		// The source must notice the expiry (log it, count it) and make a new session.
+		deadline := time.Now().Add(30 * time.Second)
+		var counted float64
+		var hasMetric bool
+		for time.Now().Before(deadline) {
+			if counted, hasMetric = metricSum(t, p, "expir"); counted > 0 {
+				break
+			}
+			<-time.After(100 * time.Millisecond)
+		}
+		switch {
+		case !hasMetric:
+			t.Errorf("/metrics has no metric counting ZooKeeper session expiries (DESIGN.md §2: count it in a metric)")
+		case counted == 0:
+			t.Errorf("the session-expiry metric stayed 0 after the session expired")
+		}
+		if !regexp.MustCompile(`(?i)expir`).MatchString(p.Log()) {
+			t.Errorf("the proxy logged nothing about the expired session")
+		}
+		requireNoDuplicates(t, coll)
+		t.Logf("FIGURE zk-expiry: session dropped %v after SIGSTOP; first ID %v after SIGCONT; worker %d kept; expiry metric %v",
+			expiry.Round(time.Millisecond), firstID.Round(time.Millisecond), before, counted)
+		p.Terminate(30 * time.Second)
+	})
+
+	t.Run("StartWhileDownUsesCachedWorkerID", func(t *testing.T) {
+		p := startProxies(t, fx, 1, zk)[0]
+		before := snowflakeWorker(t, p, dsn, coll, "zk up")
+		caches, _ := filepath.Glob(filepath.Join(p.TempDir(), "*", "leafconf", "*", "workerID.properties"))
+		if len(caches) != 1 {
+			t.Errorf("worker-ID cache files under the proxy's TMPDIR: %v, want one {name}/leafconf/{port}/workerID.properties", caches)
+		} else if b, err := os.ReadFile(caches[0]); err != nil || !strings.Contains(string(b), fmt.Sprintf("workerID=%d", before)) {
+			t.Errorf("%s holds %q (%v), want workerID=%d", caches[0], b, err, before)
+		}
+		if _, err := p.Terminate(30 * time.Second); err != nil {
+			t.Logf("%s exit after SIGTERM: %v", p.Name, err)
+		}
+		for _, z := range ens {
+			z.Stop()
+		}
+		took := p.Start()
+		during := snowflakeWorker(t, p, dsn, coll, "zk down")
+		if during != before {
+			t.Errorf("started while ZooKeeper was down with worker ID %d, cached %d", during, before)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		// Members wait for a quorum before they serve: start them all at once.
+		errc := make(chan error, len(ens))
+		for _, z := range ens {
+			go func(z *testenv.ZooKeeper) { errc <- z.Start(ctx) }(z)
+		}
+		for range ens {
+			if err := <-errc; err != nil {
+				t.Fatalf("restart ZooKeeper: %v", err)
+			}
+		}
+		if after := snowflakeWorker(t, p, dsn, coll, "zk back"); after != before {
+			t.Errorf("worker ID %d after ZooKeeper came back, %d before", after, before)
+		}
+		requireNoDuplicates(t, coll)
+		t.Logf("FIGURE zk-cache: ready %v after a start with the whole ensemble down, worker %d from the cache", took.Round(time.Millisecond), before)
+	})
+}

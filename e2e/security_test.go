@@ -1,0 +1,215 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/leafproxy/leafproxy/internal/testenv"
+)
+
+// loginOutcome connects and reports "ok as <user>" or the SQLSTATE of the refusal.
+func loginOutcome(rawURL string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, rawURL)
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) {
+			return "refused " + pgErr.Code
+		}
+		return "failed: " + err.Error()
+	}
+	defer conn.Close(ctx)
+	var user string
+	if err := conn.QueryRow(ctx, "SELECT current_user").Scan(&user); err != nil {
+		return "failed after login: " + err.Error()
+	}
+	return "ok as " + user
+}
+
+// TestSecurity checks that the proxy refuses every login PostgreSQL refuses, and that the
+// admin server binds to loopback by default and enforces its token.
+func TestSecurity(t *testing.T) {
+	requireServeFlags(t, "worker-source", "worker-id")
+	dsn := testenv.NewDatabase(t)
+	migrateUp(t, dsn)
+	addTag(t, dsn, segA, 100)
+	const token = "e2e-admin-token"
+	withToken := hasFlag(t, "serve", "http-token")
+	cfg := ProxyConfig{Upstream: hostPort(t, dsn), Store: dsn, WorkerSource: "static", WorkerID: 3}
+	if withToken {
+		cfg.HTTPToken = token
+	}
+	p := StartProxy(t, "security", cfg)
+
+	t.Run("logins", func(t *testing.T) {
+		cases := []struct {
+			name, user, password string
+			refused              bool
+		}{
+			{"SCRAM, right password", testenv.SCRAMUser, testenv.SCRAMPassword, false},
+			{"SCRAM, wrong password", testenv.SCRAMUser, "not-" + testenv.SCRAMPassword, true},
+			{"SCRAM, empty password", testenv.SCRAMUser, "", true},
+			{"md5, right password", testenv.MD5User, testenv.MD5Password, false},
+			{"md5, wrong password", testenv.MD5User, "wrong", true},
+			{"refused by pg_hba", testenv.DeniedUser, testenv.DeniedPassword, true},
+			{"no such role", "leaf_nobody", "x", true},
+		}
+		for _, tc := range cases {
+			direct := loginOutcome(testenv.WithUser(dsn, tc.user, tc.password))
+			proxied := loginOutcome(p.URL(dsn, tc.user, tc.password))
+			t.Logf("%s: PostgreSQL says %q, the proxy says %q", tc.name, direct, proxied)
+			if strings.HasPrefix(direct, "ok") == tc.refused {
+				t.Errorf("%s: PostgreSQL itself said %q: the test environment is not what the test expects", tc.name, direct)
+				continue
+			}
+			if proxied != direct {
+				t.Errorf("%s: PostgreSQL says %q but the proxy says %q", tc.name, direct, proxied)
+			}
+		}
+	})
+
+	t.Run("TLS-only role without TLS to PostgreSQL", func(t *testing.T) {
+		requireServeFlags(t, "upstream-sslmode")
+		plain := cfg
+		plain.Extra = []string{"--upstream-sslmode", "disable"}
+		plain.HTTPToken = ""
+		q := StartProxy(t, "plain-upstream", plain)
+		got := loginOutcome(q.URL(dsn, testenv.TLSUser, testenv.TLSPassword))
+		if strings.HasPrefix(got, "ok") {
+			t.Errorf("%s logged in through a proxy whose upstream connection has no TLS; pg_hba only allows it over TLS", testenv.TLSUser)
+		}
+		// With the default sslmode the proxy's own upstream connection is TLS, so PostgreSQL
+		// accepts the role even though the client spoke plaintext to the proxy: pg_hba
+		// hostssl rules see the proxy, not the client (as with PgBouncer).
+		t.Logf("%s through a proxy with sslmode disable: %s; through the default proxy: %s",
+			testenv.TLSUser, got, loginOutcome(p.URL(dsn, testenv.TLSUser, testenv.TLSPassword)))
+	})
+
+	t.Run("admin token", func(t *testing.T) {
+		if !withToken {
+			t.Skip("`leafproxy serve --help` lists no --http-token flag: admin token not in the binary yet")
+		}
+		for _, path := range []string{"/api/segment/get/" + segA, "/cache", "/metrics", "/readyz", "/"} {
+			for _, h := range []struct {
+				name   string
+				header http.Header
+				want   int
+			}{
+				{"no token", nil, http.StatusUnauthorized},
+				{"wrong token", http.Header{"Authorization": {"Bearer wrong"}}, http.StatusUnauthorized},
+				{"token in the wrong scheme", http.Header{"Authorization": {"Basic " + token}}, http.StatusUnauthorized},
+				{"right token", http.Header{"Authorization": {"Bearer " + token}}, http.StatusOK},
+			} {
+				status, body, err := p.HTTPGet(path, h.header)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if status != h.want {
+					t.Errorf("GET %s with %s: %d %q, want %d", path, h.name, status, strings.TrimSpace(body), h.want)
+				}
+			}
+		}
+		if status, _, err := p.HTTPGet("/healthz", nil); err != nil || status != http.StatusOK {
+			t.Errorf("GET /healthz without token: %d, %v; liveness must not need the token", status, err)
+		}
+	})
+
+	t.Run("admin server on loopback by default", func(t *testing.T) {
+		requireServeFlags(t, "http")
+		help := helpText(t, "serve")
+		if !strings.Contains(help, "127.0.0.1:8080") && !strings.Contains(help, "localhost:8080") {
+			t.Errorf("`serve --help` shows no loopback default for --http:\n%s", help)
+		}
+		// Start one proxy without --http when the default port is free, and look at the
+		// address its admin socket really listens on.
+		l, err := net.Listen("tcp", ":8080")
+		if err != nil {
+			t.Logf("port 8080 is taken (%v): checked the documented default only", err)
+			return
+		}
+		l.Close()
+		def := cfg
+		def.HTTPAddr = "-"
+		def.HTTPToken = ""
+		q := StartProxy(t, "default-http", def)
+		addrs, err := listenAddrs(q.Pid())
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, a := range addrs {
+			if strings.HasSuffix(a, ":8080") {
+				found = true
+				if !strings.HasPrefix(a, "127.") && !strings.HasPrefix(a, "[::1]") {
+					t.Errorf("the admin server listens on %s by default, want loopback", a)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("no admin socket on port 8080 among %v", addrs)
+		}
+	})
+}
+
+// listenAddrs returns the addresses the process's listening TCP sockets are bound to.
+func listenAddrs(pid int) ([]string, error) {
+	entries, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		return nil, err
+	}
+	inodes := map[string]bool{}
+	for _, e := range entries {
+		target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, e.Name()))
+		if err == nil && strings.HasPrefix(target, "socket:[") {
+			inodes[strings.TrimSuffix(strings.TrimPrefix(target, "socket:["), "]")] = true
+		}
+	}
+	var out []string
+	for _, file := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		f, err := os.Open(file)
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			fields := strings.Fields(sc.Text())
+			if len(fields) < 10 || fields[3] != "0A" || !inodes[fields[9]] {
+				continue
+			}
+			out = append(out, procAddr(fields[1]))
+		}
+		f.Close()
+	}
+	return out, nil
+}
+
+// procAddr turns /proc/net/tcp's "0100007F:1F90" into "127.0.0.1:8080".
+func procAddr(s string) string {
+	hexIP, hexPort, _ := strings.Cut(s, ":")
+	var port int
+	fmt.Sscanf(hexPort, "%X", &port)
+	var b []byte
+	for i := 0; i+8 <= len(hexIP); i += 8 {
+		var w uint32
+		fmt.Sscanf(hexIP[i:i+8], "%X", &w)
+		// Each 32-bit word is in host (little-endian) order.
+		b = append(b, byte(w), byte(w>>8), byte(w>>16), byte(w>>24))
+	}
+	ip := net.IP(b)
+	if len(b) == 16 {
+		return fmt.Sprintf("[%s]:%d", ip, port)
+	}
+	return fmt.Sprintf("%s:%d", ip, port)
+}

@@ -1,0 +1,76 @@
+package e2e
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// The harness's own pieces are checked here, without servers, so that a passing
+// end-to-end run cannot come from a checker that sees nothing.
+
+func TestCollectorFindsDuplicates(t *testing.T) {
+	c := NewCollector()
+	c.Add(IDRow{Namespace: "a", ID: 1, Proxy: "p1"})
+	c.Add(IDRow{Namespace: "b", ID: 1, Proxy: "p1"}) // other namespace: no duplicate
+	c.Add(IDRow{Namespace: "a", ID: 2, Proxy: "p2"})
+	if d := c.Duplicates(); len(d) != 0 {
+		t.Fatalf("duplicates before any: %v", d)
+	}
+	c.Add(IDRow{Namespace: "a", ID: 1, Proxy: "p2"})
+	if d := c.Duplicates(); len(d) != 1 {
+		t.Fatalf("duplicates = %v, want one", d)
+	}
+	if c.Len() != 3 {
+		t.Errorf("Len = %d, want 3 distinct", c.Len())
+	}
+}
+
+func TestDecodeSnowflake(t *testing.T) {
+	at := time.UnixMilli(snowflakeEpochMS + 123456789)
+	for _, tc := range []struct{ worker, seq int64 }{{0, 0}, {1023, 4095}, {517, 99}} {
+		id := (123456789 << 22) | tc.worker<<12 | tc.seq
+		gotAt, w, s := decodeSnowflake(id)
+		if !gotAt.Equal(at) || w != tc.worker || s != tc.seq {
+			t.Errorf("decode(%d) = %v %d %d, want %v %d %d", id, gotAt, w, s, at, tc.worker, tc.seq)
+		}
+	}
+}
+
+func TestIsConnError(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{io.EOF, true},
+		{fmt.Errorf("read: %w", syscall.ECONNRESET), true},
+		{&pgconn.PgError{Code: "08006"}, true},
+		{&pgconn.PgError{Code: "57P01"}, true},
+		{&pgconn.PgError{Code: "42704"}, false},
+		{&pgconn.PgError{Code: "58000"}, false},
+		{errors.New("wrong data: something"), false},
+		{nil, false},
+	} {
+		if got := isConnError(tc.err); got != tc.want {
+			t.Errorf("isConnError(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+}
+
+func TestProcAddr(t *testing.T) {
+	for in, want := range map[string]string{
+		"0100007F:1F90":                         "127.0.0.1:8080",
+		"00000000:0016":                         "0.0.0.0:22",
+		"00000000000000000000000001000000:1F90": "[::1]:8080",
+		"00000000000000000000000000000000:0050": "[::]:80",
+	} {
+		if got := procAddr(in); got != want {
+			t.Errorf("procAddr(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

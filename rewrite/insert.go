@@ -1,0 +1,259 @@
+package rewrite
+
+import (
+	pg_query "github.com/pganalyze/pg_query_go/v6"
+)
+
+// rules returns the fill rules for an INSERT or MERGE target.
+func (r *Rewriter) rules(rel *pg_query.RangeVar) []fillRule {
+	if rel == nil || len(r.fill) == 0 {
+		return nil
+	}
+	var out []fillRule
+	for _, f := range r.fill {
+		if f.Table == rel.Relname && (f.Schema == "" || f.Schema == rel.Schemaname) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// insert plans an INSERT that runs once: its VALUES rows are evaluated once
+// each, and fill rules add or replace the key column.
+func (p *planner) insert(ins *pg_query.InsertStmt) {
+	p.with(ins.WithClause)
+	sel := ins.SelectStmt.GetSelectStmt()
+	values := sel != nil && len(sel.ValuesLists) > 0 && sel.Op == pg_query.SetOperation_SETOP_NONE
+	switch {
+	case values:
+		for _, row := range sel.ValuesLists {
+			for _, item := range row.GetList().GetItems() {
+				p.once(item)
+			}
+		}
+		p.refuse(sel, "ORDER BY or LIMIT of VALUES", "values_lists")
+	case ins.SelectStmt != nil:
+		p.refuse(ins.SelectStmt, "INSERT … SELECT")
+	}
+	p.refuse(ins.OnConflictClause, "ON CONFLICT")
+	for _, r := range ins.ReturningList {
+		p.refuse(r, "RETURNING")
+	}
+	rules := p.rw.rules(ins.Relation)
+	if len(rules) == 0 {
+		return
+	}
+	relLoc := int(ins.Relation.Location)
+	if ins.SelectStmt == nil {
+		p.defaultValues(ins, rules)
+		return
+	}
+	var closes []int // token indexes of the ")" ending each VALUES row, found on first use
+	for _, rule := range rules {
+		idx := columnIndex(ins.Cols, rule.Column)
+		switch {
+		case !values:
+			if idx < 0 {
+				p.fail(p.errAt(CodeNotSupported, relLoc,
+					"List "+rule.colSQL+" with a value in the SELECT, or use INSERT … VALUES so that the proxy can fill it.",
+					"INSERT … SELECT into %s without %s is not supported: the proxy fills %s only in INSERT … VALUES", ins.Relation.Relname, rule.Column, rule.Column))
+			}
+		case len(ins.Cols) == 0:
+			p.fail(p.errAt(CodeNotSupported, relLoc,
+				"Name the columns, e.g. INSERT INTO "+ins.Relation.Relname+" (col, …) VALUES (…): without the catalog the proxy cannot know where "+rule.colSQL+" goes.",
+				"INSERT into %s without a column list is not supported: the proxy fills %s", ins.Relation.Relname, rule.Column))
+		case idx >= 0:
+			p.replaceDefaults(sel, idx, rule)
+		default:
+			if closes == nil {
+				if closes = p.rowCloses(sel); closes == nil {
+					return
+				}
+			}
+			p.addColumn(ins, closes, rule)
+		}
+	}
+}
+
+func columnIndex(cols []*pg_query.Node, name string) int {
+	for i, c := range cols {
+		if rt := c.GetResTarget(); rt != nil && rt.Name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// isDefaultOrNull reports whether a VALUES item is DEFAULT or a literal NULL.
+func isDefaultOrNull(n *pg_query.Node) (int, bool) {
+	switch x := unwrap(n).(type) {
+	case *pg_query.SetToDefault:
+		return int(x.Location), true
+	case *pg_query.A_Const:
+		if x.Isnull {
+			return int(x.Location), true
+		}
+	}
+	return 0, false
+}
+
+// replaceDefaults gives every row whose key is DEFAULT or NULL an ID.
+func (p *planner) replaceDefaults(sel *pg_query.SelectStmt, idx int, rule fillRule) {
+	toks := p.tokens()
+	for _, row := range sel.ValuesLists {
+		items := row.GetList().GetItems()
+		if idx >= len(items) {
+			continue // PostgreSQL rejects the row count mismatch itself
+		}
+		loc, ok := isDefaultOrNull(items[idx])
+		if !ok {
+			continue
+		}
+		i := toks.at(loc)
+		if i >= len(toks) || int(toks[i].Start) != loc {
+			p.internal(loc, "DEFAULT")
+			return
+		}
+		p.add(slotEdit{edit: edit{start: loc, end: int(toks[i].End)}, hasSlot: true, slot: Slot{Kind: SlotTag, Tag: rule.Tag}})
+	}
+}
+
+// addColumn appends the key column to the column list and an ID to every row.
+func (p *planner) addColumn(ins *pg_query.InsertStmt, closes []int, rule fillRule) {
+	toks := p.tokens()
+	last := ins.Cols[len(ins.Cols)-1].GetResTarget()
+	c := toks.closeAtDepth0(toks.at(int(last.Location)))
+	if c < 0 {
+		p.internal(int(last.Location), "the end of the column list")
+		return
+	}
+	at := int(toks[c].Start)
+	p.add(slotEdit{edit: edit{start: at, end: at, text: ", " + rule.colSQL}})
+	for _, k := range closes {
+		at := int(toks[k].Start)
+		p.add(slotEdit{edit: edit{start: at, end: at, text: ", "}, hasSlot: true, slot: Slot{Kind: SlotTag, Tag: rule.Tag}})
+	}
+}
+
+// rowCloses returns the token index of the ")" that ends each VALUES row.
+// The rows start right after the VALUES keyword, which is the last one
+// before the first location inside the rows.
+func (p *planner) rowCloses(sel *pg_query.SelectStmt) []int {
+	toks := p.tokens()
+	first := minLocation(sel.ValuesLists)
+	i := toks.at(first) - 1
+	for i >= 0 && toks[i].Token != pg_query.Token_VALUES {
+		i--
+	}
+	if first < 0 || i < 0 {
+		p.internal(first, "the VALUES rows")
+		return nil
+	}
+	closes := make([]int, 0, len(sel.ValuesLists))
+	j := i + 1
+	for r := range sel.ValuesLists {
+		k := toks.matchParen(j)
+		if k < 0 {
+			p.internal(int(toks[i].Start), "a VALUES row")
+			return nil
+		}
+		closes = append(closes, k)
+		j = k + 1
+		if r < len(sel.ValuesLists)-1 {
+			if !toks.is(j, pg_query.Token_ASCII_44) {
+				p.internal(int(toks[k].Start), "the next VALUES row")
+				return nil
+			}
+			j++
+		}
+	}
+	if toks.is(j, pg_query.Token_ASCII_44) {
+		p.internal(int(toks[i].Start), "the last VALUES row")
+		return nil
+	}
+	return closes
+}
+
+// defaultValues turns INSERT … DEFAULT VALUES into (key, …) VALUES (id, …).
+func (p *planner) defaultValues(ins *pg_query.InsertStmt, rules []fillRule) {
+	toks := p.tokens()
+	relLoc := int(ins.Relation.Location)
+	d := toks.findAtDepth0(toks.at(relLoc), len(p.sql), pg_query.Token_DEFAULT)
+	if d < 0 || !toks.is(d+1, pg_query.Token_VALUES) {
+		p.internal(relLoc, "DEFAULT VALUES")
+		return
+	}
+	start, end := int(toks[d].Start), int(toks[d+1].End)
+	cols := "("
+	for i, r := range rules {
+		if i > 0 {
+			cols += ", "
+		}
+		cols += r.colSQL
+	}
+	cols += ") VALUES ("
+	for i, r := range rules {
+		e := slotEdit{edit: edit{start: end, end: end, text: ", "}, hasSlot: true, slot: Slot{Kind: SlotTag, Tag: r.Tag}}
+		if i == 0 {
+			e.start, e.text = start, cols
+		}
+		p.add(e)
+	}
+	p.add(slotEdit{edit: edit{start: end, end: end, text: ")"}})
+}
+
+// needsFill reports the first fill rule an INSERT nested in a refused
+// context would need, and where to point the error.
+func (p *planner) needsFill(ins *pg_query.InsertStmt) (*fillRule, int) {
+	rules := p.rw.rules(ins.Relation)
+	for i := range rules {
+		if !hasValueFor(ins.Cols, ins.SelectStmt, rules[i].Column) {
+			return &rules[i], int(ins.Relation.Location)
+		}
+	}
+	return nil, 0
+}
+
+// hasValueFor reports whether an INSERT's column list and source give col a
+// value the proxy need not replace.
+func hasValueFor(cols []*pg_query.Node, src *pg_query.Node, col string) bool {
+	idx := columnIndex(cols, col)
+	if idx < 0 || src == nil {
+		return false
+	}
+	if sel := src.GetSelectStmt(); sel != nil {
+		for _, row := range sel.ValuesLists {
+			if items := row.GetList().GetItems(); idx < len(items) {
+				if _, ok := isDefaultOrNull(items[idx]); ok {
+					return false
+				}
+			}
+		}
+	}
+	return true
+}
+
+// merge refuses a MERGE whose INSERT action into a filled table would need
+// the key filled: the action runs once per source row.
+func (p *planner) merge(m *pg_query.MergeStmt) {
+	rules := p.rw.rules(m.Relation)
+	for _, w := range m.MergeWhenClauses {
+		wc := w.GetMergeWhenClause()
+		if wc == nil || wc.CommandType != pg_query.CmdType_CMD_INSERT {
+			continue
+		}
+		for _, rule := range rules {
+			idx := columnIndex(wc.TargetList, rule.Column)
+			ok := idx >= 0 && idx < len(wc.Values)
+			if ok {
+				_, isDefault := isDefaultOrNull(wc.Values[idx])
+				ok = !isDefault
+			}
+			if !ok {
+				p.fail(p.errAt(CodeNotSupported, int(m.Relation.Location),
+					"Give "+rule.colSQL+" a value in the INSERT action; the proxy fills keys only in INSERT … VALUES.",
+					"MERGE into %s without a value for %s is not supported: its INSERT action runs once per source row", m.Relation.Relname, rule.Column))
+			}
+		}
+	}
+}

@@ -1,0 +1,194 @@
+package rewrite
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// DefaultCacheSize is the number of plans kept when Settings.CacheSize is 0.
+const DefaultCacheSize = 4096
+
+// FillRule makes the proxy fill Column of Table with an ID of Tag on INSERT
+// when the statement leaves the column out or gives DEFAULT or NULL for it.
+// Names compare exactly with the names PostgreSQL resolves: an unquoted
+// ORDERS in SQL is orders, a quoted "Orders" is Orders.
+type FillRule struct {
+	Schema string // "" matches the table in any schema, qualified or not; otherwise only names qualified with Schema
+	Table  string
+	Column string
+	Tag    string
+}
+
+// Settings configure a Rewriter. The zero value is valid.
+type Settings struct {
+	Fill      []FillRule
+	CacheSize int // plans kept in the LRU; 0 means DefaultCacheSize
+}
+
+// Rewriter plans SQL rewrites. It is safe for concurrent use.
+type Rewriter struct {
+	fill    []fillRule
+	needles []string // lower-case table names of the fill rules, for the prefilter
+	cache   *planCache
+}
+
+type fillRule struct {
+	FillRule
+	colSQL string // the column as written into SQL, quoted when needed
+}
+
+// New validates the settings and returns a Rewriter.
+func New(s Settings) (*Rewriter, error) {
+	if s.CacheSize < 0 {
+		return nil, fmt.Errorf("rewrite: CacheSize %d is negative", s.CacheSize)
+	}
+	if s.CacheSize == 0 {
+		s.CacheSize = DefaultCacheSize
+	}
+	r := &Rewriter{cache: newPlanCache(s.CacheSize)}
+	seen := make(map[[3]string]bool)
+	for _, f := range s.Fill {
+		if f.Table == "" || f.Column == "" || f.Tag == "" {
+			return nil, fmt.Errorf("rewrite: fill rule %+v needs a table, a column and a tag", f)
+		}
+		key := [3]string{f.Schema, f.Table, f.Column}
+		if seen[key] {
+			return nil, fmt.Errorf("rewrite: fill rule for %s is given twice", ruleName(f))
+		}
+		seen[key] = true
+		r.fill = append(r.fill, fillRule{FillRule: f, colSQL: quoteIdent(f.Column)})
+		needle := strings.ToLower(f.Table)
+		if !containsString(r.needles, needle) {
+			r.needles = append(r.needles, needle)
+		}
+	}
+	return r, nil
+}
+
+func ruleName(f FillRule) string {
+	if f.Schema == "" {
+		return f.Table + "." + f.Column
+	}
+	return f.Schema + "." + f.Table + "." + f.Column
+}
+
+func containsString(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// Plan returns how to rewrite sql. (nil, nil) means there is nothing to
+// rewrite or track: forward the original bytes untouched. That includes text
+// pg_query cannot parse, so that PostgreSQL reports its own syntax error. A
+// refusal is an *Error carrying the SQLSTATE for the client.
+func (r *Rewriter) Plan(sql string) (*Plan, error) {
+	if !r.mayNeed(sql) {
+		return nil, nil
+	}
+	if e, ok := r.cache.get(sql); ok {
+		return e.plan, e.err
+	}
+	p, err := r.build(sql)
+	r.cache.put(&cacheEntry{sql: sql, plan: p, err: err})
+	return p, err
+}
+
+// mayNeed is the prefilter: a statement without these words cannot call a
+// leaf function, insert into a filled table or touch prepared statements.
+func (r *Rewriter) mayNeed(sql string) bool {
+	if containsFold(sql, "leaf_") || containsFold(sql, "execute") ||
+		containsFold(sql, "deallocate") || containsFold(sql, "discard") {
+		return true
+	}
+	if len(r.needles) == 0 || !(containsFold(sql, "insert") || containsFold(sql, "merge")) {
+		return false
+	}
+	for _, n := range r.needles {
+		if containsFold(sql, n) {
+			return true
+		}
+	}
+	return false
+}
+
+// containsFold reports whether s contains needle, comparing ASCII letters
+// case-insensitively; needle must be lower case. It does not allocate.
+func containsFold(s, needle string) bool {
+	n := len(needle)
+	if n == 0 {
+		return true
+	}
+	first := needle[0]
+	upper := first
+	if 'a' <= first && first <= 'z' {
+		upper = first - 'a' + 'A'
+	}
+	for i := 0; i+n <= len(s); i++ {
+		if c := s[i]; c != first && c != upper {
+			continue
+		}
+		if equalFoldASCII(s[i+1:i+n], needle[1:]) {
+			return true
+		}
+	}
+	return false
+}
+
+func equalFoldASCII(s, lower string) bool {
+	for i := 0; i < len(lower); i++ {
+		c := s[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != lower[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// build plans sql without the cache. A panic in the planner is a bug; it is
+// turned into an internal error so that one odd statement cannot take the
+// proxy down.
+func (r *Rewriter) build(sql string) (p *Plan, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			p, err = nil, &Error{Code: codeInternal, Message: fmt.Sprintf("rewrite: internal error planning statement: %v", v)}
+		}
+	}()
+	return plan(r, sql)
+}
+
+// quoteIdent writes an identifier so that PostgreSQL reads it back as name.
+func quoteIdent(name string) string {
+	if isPlainIdent(name) {
+		return name
+	}
+	return `"` + strings.ReplaceAll(name, `"`, `""`) + `"`
+}
+
+// isPlainIdent reports whether name can be written unquoted: lower-case
+// letters, digits and underscores, not starting with a digit, and not a
+// keyword (any keyword, to stay safe in every position).
+func isPlainIdent(name string) bool {
+	if name == "" {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case c >= 'a' && c <= 'z', c == '_':
+		case c >= '0' && c <= '9' && i > 0:
+		default:
+			return false
+		}
+	}
+	return !isKeyword(name)
+}
+
+var errNoTokens = errors.New("rewrite: scanner returned no tokens")

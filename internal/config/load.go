@@ -25,7 +25,7 @@ type Flags struct {
 // its environment variable and default.
 func RegisterFlags(fs *flag.FlagSet) *Flags {
 	f := &Flags{}
-	fs.StringVar(&f.configFile, "config", "", "YAML configuration file (env "+EnvName("config")+")")
+	fs.StringVar(&f.configFile, "config", "", "YAML configuration `FILE` (env "+EnvName("config")+")")
 	def := Defaults()
 	for i := range settings {
 		s := &settings[i]
@@ -67,6 +67,32 @@ func (v *flagValue) IsBoolFlag() bool {
 	var scratch Config
 	_, ok := v.s.field(&scratch).(*bool)
 	return ok
+}
+
+// FlagArg returns the placeholder a help text shows after the flag of a setting
+// ("--listen host:port"); "" for booleans and for names that are not settings.
+func FlagArg(name string) string {
+	s, ok := lookup(name)
+	if !ok {
+		return ""
+	}
+	if s.arg != "" {
+		return s.arg
+	}
+	var scratch Config
+	switch s.field(&scratch).(type) {
+	case *int, *int64:
+		return "N"
+	case *float64:
+		return "FRACTION"
+	case *time.Duration:
+		return "DURATION"
+	case *List:
+		return "LIST"
+	case *string:
+		return "STRING"
+	}
+	return ""
 }
 
 func render(p any) string {
@@ -190,6 +216,19 @@ func Load(f *Flags, env LookupEnv) (*Config, error) {
 		return nil, err
 	}
 	return &c, nil
+}
+
+// ReadFile returns the defaults overlaid with a configuration file, without looking at the
+// environment and without validating: for commands that need a few settings of a file
+// written for serve (decode reads snowflake-epoch).
+func ReadFile(path string) (Config, error) {
+	c := Defaults()
+	c.Origins = map[string]string{}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return c, fmt.Errorf("config file: %w", err)
+	}
+	return c, c.applyYAML(path, data)
 }
 
 // applyYAML reads a configuration file. Each key is decoded on its own so that an error

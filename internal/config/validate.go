@@ -33,13 +33,16 @@ func (c *Config) Validate() error {
 	if err := checkHostPort(c.Listen); err != nil {
 		bad("listen", "%v", err)
 	}
-	if err := checkHostPort(c.Upstream); err != nil {
-		bad("upstream", "%v", err)
+	// A path is the Unix socket of the server (e.g. /var/run/postgresql/.s.PGSQL.5432).
+	if !strings.HasPrefix(c.Upstream, "/") {
+		if err := checkHostPort(c.Upstream); err != nil {
+			bad("upstream", "%v", err)
+		}
 	}
 	switch c.UpstreamSSLMode {
-	case "disable", "prefer", "require", "verify-ca", "verify-full":
+	case "disable", "prefer", "require", "verify-full":
 	default:
-		bad("upstream-sslmode", "%q is not one of disable, prefer, require, verify-ca, verify-full", c.UpstreamSSLMode)
+		bad("upstream-sslmode", "%q is not one of disable, prefer, require, verify-full", c.UpstreamSSLMode)
 	}
 	if c.UpstreamCA != "" {
 		if _, err := os.Stat(c.UpstreamCA); err != nil {

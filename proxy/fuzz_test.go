@@ -42,7 +42,7 @@ func FuzzClientStream(f *testing.F) {
 	f.Add(append(append([]byte{}, startup...), 'Q', 0, 0, 0, 2))
 	f.Add(append(append([]byte{}, startup...), 'd', 0, 0, 0, 100, 1, 2, 3))
 	f.Add([]byte{0, 0, 0, 16, 4, 210, 22, 46, 0, 0, 16, 146, 0, 0, 0, 1}) // CancelRequest
-	f.Add([]byte{0, 0, 0, 8, 0, 2, 0, 0})                                  // protocol 2
+	f.Add([]byte{0, 0, 0, 8, 0, 2, 0, 0})                                 // protocol 2
 
 	up := startFakeUpstream(f, false)
 	p := startProxy(f, "postgres://postgres@"+up.addr()+"/postgres", func(s *Server) {

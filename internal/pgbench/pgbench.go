@@ -1,0 +1,208 @@
+// Package pgbench compares the throughput of PostgreSQL endpoints (the database itself,
+// leafproxy, PgBouncer) with the pgbench program, and prints the comparison as a markdown
+// table with each endpoint's ratio to a baseline.
+//
+// A comparison is a list of Groups. Each group names a workload and the endpoints that
+// run it; the first endpoint is the baseline. Later comparisons (leaf_next against
+// nextval, a proxy-filled INSERT against a bigserial default) are further groups whose
+// endpoints run different scripts.
+package pgbench
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Modes are pgbench's protocol modes (-M).
+var Modes = []string{"simple", "extended", "prepared"}
+
+// Endpoint is one column of a group: a server address and what pgbench runs there.
+type Endpoint struct {
+	Name string // column name: "direct", "proxy", "pgbouncer"
+	URL  string
+	// Script is a custom pgbench script (-f); empty means Args alone select the workload.
+	Script string
+	Args   []string // further pgbench arguments, e.g. "-S"
+}
+
+// Group is one workload compared across endpoints; Endpoints[0] is the baseline.
+type Group struct {
+	Name      string
+	Endpoints []Endpoint
+}
+
+// Config says how long and how wide each run is.
+type Config struct {
+	Pgbench  string        // path of pgbench; "" finds it in PATH
+	Duration time.Duration // per run (-T)
+	Clients  []int         // client counts (-c), one row each
+	Modes    []string      // protocol modes (-M); nil means Modes
+	Log      func(format string, args ...any)
+}
+
+// Result is the outcome of one pgbench run.
+type Result struct {
+	Group, Endpoint, Mode string
+	Clients               int
+	TPS                   float64
+	Failed                int
+}
+
+var (
+	tpsRe    = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`)
+	failedRe = regexp.MustCompile(`number of failed transactions: (\d+)`)
+)
+
+// Run runs every group for every mode and client count. Within one row, endpoints run
+// one after the other, so that drift of the machine affects them alike.
+func Run(ctx context.Context, cfg Config, groups []Group) ([]Result, error) {
+	bin := cfg.Pgbench
+	if bin == "" {
+		p, err := exec.LookPath("pgbench")
+		if err != nil {
+			return nil, fmt.Errorf("pgbench not installed: %w", err)
+		}
+		bin = p
+	}
+	modes := cfg.Modes
+	if modes == nil {
+		modes = Modes
+	}
+	dir, err := os.MkdirTemp("", "leafproxy-pgbench-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	var results []Result
+	for _, g := range groups {
+		for _, mode := range modes {
+			for _, clients := range cfg.Clients {
+				for _, e := range g.Endpoints {
+					r, err := runOne(ctx, bin, dir, cfg.Duration, e, mode, clients)
+					if err != nil {
+						return results, fmt.Errorf("%s/%s/%s/%d clients: %w", g.Name, e.Name, mode, clients, err)
+					}
+					r.Group = g.Name
+					results = append(results, r)
+					if cfg.Log != nil {
+						cfg.Log("%-12s %-9s %2d clients %-10s %10.0f tps (%d failed)",
+							g.Name, mode, clients, e.Name, r.TPS, r.Failed)
+					}
+				}
+			}
+		}
+	}
+	return results, nil
+}
+
+func runOne(ctx context.Context, bin, dir string, d time.Duration, e Endpoint, mode string, clients int) (Result, error) {
+	threads := min(clients, runtime.NumCPU())
+	args := []string{"-n", "-M", mode, "-c", strconv.Itoa(clients), "-j", strconv.Itoa(threads),
+		"-T", strconv.Itoa(int(d.Round(time.Second) / time.Second))}
+	args = append(args, e.Args...)
+	if e.Script != "" {
+		file := filepath.Join(dir, e.Name+".sql")
+		if err := os.WriteFile(file, []byte(e.Script), 0o644); err != nil {
+			return Result{}, err
+		}
+		args = append(args, "-f", file)
+	}
+	args = append(args, e.URL)
+	cmd := exec.CommandContext(ctx, bin, args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return Result{}, fmt.Errorf("%w\n%s", err, out.String())
+	}
+	return parse(out.String(), e.Name, mode, clients)
+}
+
+func parse(out, endpoint, mode string, clients int) (Result, error) {
+	r := Result{Endpoint: endpoint, Mode: mode, Clients: clients}
+	m := tpsRe.FindStringSubmatch(out)
+	if m == nil {
+		return r, fmt.Errorf("no tps in pgbench output:\n%s", out)
+	}
+	tps, err := strconv.ParseFloat(m[1], 64)
+	if err != nil {
+		return r, err
+	}
+	r.TPS = tps
+	if m := failedRe.FindStringSubmatch(out); m != nil {
+		r.Failed, _ = strconv.Atoi(m[1])
+	}
+	return r, nil
+}
+
+// Table renders results as a markdown table: one row per group, mode and client count,
+// and per endpoint its TPS and, after the baseline, its ratio to the baseline.
+func Table(groups []Group, results []Result) string {
+	var b strings.Builder
+	for _, g := range groups {
+		if len(g.Endpoints) == 0 {
+			continue
+		}
+		base := g.Endpoints[0].Name
+		fmt.Fprintf(&b, "\n| %s | mode | clients | %s TPS |", g.Name, base)
+		for _, e := range g.Endpoints[1:] {
+			fmt.Fprintf(&b, " %s TPS | %s / %s |", e.Name, e.Name, base)
+		}
+		b.WriteString("\n|---|---|---:|---:|")
+		for range g.Endpoints[1:] {
+			b.WriteString("---:|---:|")
+		}
+		b.WriteString("\n")
+		type key struct {
+			mode    string
+			clients int
+		}
+		var order []key
+		byKey := map[key]map[string]Result{}
+		for _, r := range results {
+			if r.Group != g.Name {
+				continue
+			}
+			k := key{r.Mode, r.Clients}
+			if byKey[k] == nil {
+				byKey[k] = map[string]Result{}
+				order = append(order, k)
+			}
+			byKey[k][r.Endpoint] = r
+		}
+		for _, k := range order {
+			row := byKey[k]
+			baseTPS := row[base].TPS
+			fmt.Fprintf(&b, "| | %s | %d | %.0f%s |", k.mode, k.clients, baseTPS, failedNote(row[base]))
+			for _, e := range g.Endpoints[1:] {
+				r, ok := row[e.Name]
+				if !ok {
+					b.WriteString(" – | – |")
+					continue
+				}
+				ratio := 0.0
+				if baseTPS > 0 {
+					ratio = r.TPS / baseTPS
+				}
+				fmt.Fprintf(&b, " %.0f%s | %.2f× |", r.TPS, failedNote(r), ratio)
+			}
+			b.WriteString("\n")
+		}
+	}
+	return b.String()
+}
+
+func failedNote(r Result) string {
+	if r.Failed == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (%d failed)", r.Failed)
+}

@@ -1,0 +1,171 @@
+package pgbench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// PgBouncer is a PgBouncer process in session mode in front of one PostgreSQL server,
+// configured in a temporary directory, with trust authentication.
+type PgBouncer struct {
+	Addr string // host:port it listens on
+	dir  string
+	cmd  *exec.Cmd
+	done chan error
+}
+
+// StartPgBouncer starts PgBouncer (session mode) in front of the server of serverURL,
+// listening on a free loopback port. When the process runs as root, PgBouncer (which
+// refuses root) runs as the postgres user.
+func StartPgBouncer(ctx context.Context, serverURL string) (*PgBouncer, error) {
+	bin, err := exec.LookPath("pgbouncer")
+	if err != nil {
+		return nil, fmt.Errorf("pgbouncer not installed: %w", err)
+	}
+	u, err := url.Parse(serverURL)
+	if err != nil {
+		return nil, err
+	}
+	host, port, err := net.SplitHostPort(u.Host)
+	if err != nil {
+		return nil, fmt.Errorf("server address %q: %w", u.Host, err)
+	}
+	listenPort, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "leafproxy-pgbouncer-")
+	if err != nil {
+		return nil, err
+	}
+	b := &PgBouncer{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(listenPort)), dir: dir, done: make(chan error, 1)}
+	ini := fmt.Sprintf(`[databases]
+* = host=%s port=%s
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = %d
+unix_socket_dir =
+auth_type = trust
+auth_file = %s
+pool_mode = session
+max_client_conn = 200
+default_pool_size = 100
+logfile = %s
+pidfile = %s
+ignore_startup_parameters = extra_float_digits,options
+`, host, port, listenPort, filepath.Join(dir, "userlist.txt"), filepath.Join(dir, "pgbouncer.log"), filepath.Join(dir, "pgbouncer.pid"))
+	user := u.User.Username()
+	if user == "" {
+		user = "postgres"
+	}
+	files := map[string]string{
+		"pgbouncer.ini": ini,
+		"userlist.txt":  fmt.Sprintf("%q \"\"\n", user),
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			b.Close()
+			return nil, err
+		}
+	}
+	b.cmd = exec.Command(bin, filepath.Join(dir, "pgbouncer.ini"))
+	if os.Geteuid() == 0 {
+		cred, err := credentialOf("postgres")
+		if err != nil {
+			b.Close()
+			return nil, fmt.Errorf("pgbouncer refuses root and there is no postgres user: %w", err)
+		}
+		if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
+			b.Close()
+			return nil, err
+		}
+		b.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	}
+	if err := b.cmd.Start(); err != nil {
+		b.Close()
+		return nil, err
+	}
+	go func() { b.done <- b.cmd.Wait() }()
+	if err := waitListening(ctx, b.Addr, b.done); err != nil {
+		log, _ := os.ReadFile(filepath.Join(dir, "pgbouncer.log"))
+		b.Close()
+		return nil, fmt.Errorf("pgbouncer did not start: %w\n%s", err, log)
+	}
+	return b, nil
+}
+
+// URL returns serverURL pointed at PgBouncer.
+func (b *PgBouncer) URL(serverURL string) string { return withHost(serverURL, b.Addr) }
+
+// Close stops PgBouncer and removes its directory.
+func (b *PgBouncer) Close() error {
+	if b.cmd != nil && b.cmd.Process != nil {
+		_ = b.cmd.Process.Signal(syscall.SIGINT)
+		select {
+		case <-b.done:
+		case <-time.After(5 * time.Second):
+			_ = b.cmd.Process.Kill()
+			<-b.done
+		}
+	}
+	return os.RemoveAll(b.dir)
+}
+
+func credentialOf(name string) (*syscall.Credential, error) {
+	u, err := user.Lookup(name)
+	if err != nil {
+		return nil, err
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// waitListening waits until addr accepts TCP connections or the process exits.
+func waitListening(ctx context.Context, addr string, exited <-chan error) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			return c.Close()
+		}
+		select {
+		case err := <-exited:
+			return errors.Join(errors.New("process exited"), err)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// withHost returns rawURL with its host:port replaced.
+func withHost(rawURL, hostport string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return rawURL
+	}
+	u.Host = hostport
+	return u.String()
+}

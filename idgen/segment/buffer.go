@@ -23,12 +23,19 @@ type segment struct {
 	loadedAt  time.Time // engine clock when the reservation was made
 }
 
-func newSegment(a Allocation, threshold float64, at time.Time) *segment {
+// newSegment builds the segment for a reservation. thresholdPPM is PreloadThreshold in
+// millionths, so that the threshold is exact integer arithmetic (0.9 is not exact in
+// floating point, and 10*(1-0.9) rounds down to 0, one ID early).
+func newSegment(a Allocation, thresholdPPM int64, at time.Time) *segment {
 	s := &segment{lo: a.Max - a.Size, size: a.Size, loadedAt: at}
-	// Less than threshold*size left means n > size*(1-threshold).
-	s.preloadAt = min(int64(float64(s.size)*(1-threshold))+1, s.size)
+	// Leaf loads the next segment once idle < threshold*size, that is once
+	// size-n < ceil(threshold*size), n being how many IDs are handed out.
+	keep := (thresholdPPM*s.size + ppm - 1) / ppm
+	s.preloadAt = min(max(s.size-keep+1, 1), s.size)
 	return s
 }
+
+const ppm = 1_000_000
 
 func (s *segment) hi() int64 { return s.lo + s.size }
 
@@ -255,7 +262,7 @@ func (tb *tagBuffer) check(a Allocation) error {
 // installLocked makes a fresh segment current when the current one is missing or used up,
 // else the next one, and wakes every caller waiting for it.
 func (e *Engine) installLocked(tb *tagBuffer, a Allocation, at time.Time) {
-	s := newSegment(a, e.preloadThreshold, at)
+	s := newSegment(a, e.thresholdPPM, at)
 	if cur := tb.cur.Load(); cur == nil {
 		tb.pos = 0
 		tb.segs[0] = s

@@ -25,6 +25,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -109,6 +110,7 @@ type Hooks struct {
 type Engine struct {
 	store                     Store
 	preloadThreshold          float64
+	thresholdPPM              int64
 	maxStep                   int64
 	shortSegment, longSegment time.Duration
 	refreshInterval           time.Duration
@@ -178,6 +180,7 @@ func New(s Settings) (*Engine, error) {
 	case e.maxBackoff < e.retryBackoff:
 		return nil, fmt.Errorf("%w: MaxRetryBackoff %v is below RetryBackoff %v", ErrBadSettings, e.maxBackoff, e.retryBackoff)
 	}
+	e.thresholdPPM = int64(math.Round(e.preloadThreshold * ppm))
 	if e.now == nil {
 		e.now = time.Now
 	}

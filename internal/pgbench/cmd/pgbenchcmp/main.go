@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -43,7 +44,19 @@ func run() error {
 	modeList := flag.String("M", strings.Join(pgbench.Modes, ","), "comma-separated protocol modes")
 	scale := flag.Int("s", 10, "pgbench scale factor of the test database")
 	noBouncer := flag.Bool("no-pgbouncer", false, "leave PgBouncer out")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (the proxy's relay) to this file")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	if *serverURL == "" {
 		return fmt.Errorf("no server: pass -url or set LEAF_TEST_PG")
 	}

@@ -168,11 +168,11 @@ func (e *Engine) nextSlow(ctx context.Context, tb *tagBuffer) (int64, error) {
 }
 
 func (e *Engine) unavailable(tag string, cause error) error {
+	if errors.Is(cause, idgen.ErrUnknownTag) {
+		return cause // the row vanished; the loader is dropping the tag
+	}
 	if e.hooks.OnUnavailable != nil {
 		e.hooks.OnUnavailable(tag)
-	}
-	if errors.Is(cause, idgen.ErrUnknownTag) {
-		return cause
 	}
 	return fmt.Errorf("%w: tag %q: both segments used up and the last load failed: %w", idgen.ErrUnavailable, tag, cause)
 }

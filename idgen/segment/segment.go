@@ -134,8 +134,7 @@ type Engine struct {
 	ctx     context.Context // canceled when Close gives up waiting for loads
 	cancel  context.CancelFunc
 	stop    chan struct{} // closed by Close: ends the refresh loop and retry waits
-	wg      sync.WaitGroup
-	started time.Time
+	wg sync.WaitGroup
 }
 
 const (
@@ -220,13 +219,17 @@ func (e *Engine) Start(ctx context.Context) error {
 		e.log.WithError(err).Warn("loading the tag list failed; retrying")
 		select {
 		case <-ctx.Done():
-			e.state.Store(stateNew)
+			e.state.CompareAndSwap(stateRunning, stateNew)
 			return fmt.Errorf("segment: start: %w (last error: %w)", ctx.Err(), err)
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, e.maxBackoff)
 	}
-	e.started = e.now()
+	e.refreshMu.Lock()
+	defer e.refreshMu.Unlock()
+	if e.state.Load() != stateRunning {
+		return ErrClosed // Close ran while we were loading the tags
+	}
 	e.wg.Add(1)
 	go e.refreshLoop()
 	return nil

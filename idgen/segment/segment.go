@@ -131,10 +131,10 @@ type Engine struct {
 	lastMiss  time.Time // guarded by missSem
 	missErr   error     // result of the last on-demand refresh, guarded by missSem
 
-	ctx     context.Context // canceled when Close gives up waiting for loads
-	cancel  context.CancelFunc
-	stop    chan struct{} // closed by Close: ends the refresh loop and retry waits
-	wg sync.WaitGroup
+	ctx    context.Context // canceled when Close gives up waiting for loads
+	cancel context.CancelFunc
+	stop   chan struct{} // closed by Close: ends the refresh loop and retry waits
+	wg     sync.WaitGroup
 }
 
 const (

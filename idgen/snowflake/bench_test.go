@@ -1,0 +1,63 @@
+package snowflake_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/leafproxy/leafproxy/idgen/snowflake"
+	"github.com/leafproxy/leafproxy/idgen/worker"
+)
+
+// reportRate reports the IDs issued per millisecond and that rate as a percentage of the
+// layout's limit (4,096 per ms per worker for 12 sequence bits).
+func reportRate(b *testing.B, e *snowflake.Engine, start time.Time) {
+	ms := float64(time.Since(start)) / float64(time.Millisecond)
+	rate := float64(b.N) / ms
+	b.ReportMetric(rate, "ids/ms")
+	b.ReportMetric(100*rate/float64(e.Codec().Layout().MaxSequence()+1), "%limit")
+}
+
+func benchEngine(b *testing.B) *snowflake.Engine {
+	b.Helper()
+	log, _ := quietLogger()
+	e, err := snowflake.New(snowflake.Settings{Source: worker.Static{ID: 1}, Logger: log})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := e.Start(ctx); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { e.Close(ctx) })
+	return e
+}
+
+// BenchmarkNext issues IDs from one goroutine as fast as the engine allows. The engine
+// saturates the sequence (4,096 per ms minus the random start of each ms) and waits for
+// the next millisecond, so ids/ms shows how close it comes to the layout's limit.
+func BenchmarkNext(b *testing.B) {
+	e := benchEngine(b)
+	b.ReportAllocs()
+	start := time.Now()
+	for b.Loop() {
+		if _, err := e.Next(ctx, ""); err != nil {
+			b.Fatal(err)
+		}
+	}
+	reportRate(b, e, start)
+}
+
+// BenchmarkNextParallel is BenchmarkNext with GOMAXPROCS goroutines sharing one engine.
+func BenchmarkNextParallel(b *testing.B) {
+	e := benchEngine(b)
+	b.ReportAllocs()
+	start := time.Now()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := e.Next(ctx, ""); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	reportRate(b, e, start)
+}

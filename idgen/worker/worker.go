@@ -1,0 +1,152 @@
+// Package worker defines where a snowflake engine gets its worker ID from, and the static
+// source. The ZooKeeper (Leaf-compatible) and PostgreSQL lease sources live in the
+// subpackages zookeeper and postgres.
+//
+// A Source hands out a Lease. While a lease is held, no other process holding a lease from
+// the same store (the same ZooKeeper tree, the same leaf_worker_lease table) has the same
+// worker ID. A lease also carries the durable time high-water mark: the last millisecond
+// the previous holder of the ID used, so that the next holder starts after it.
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+)
+
+// Source hands out worker IDs.
+type Source interface {
+	// Name names the kind of source ("static", "zookeeper", "postgres") for status pages.
+	Name() string
+	// Acquire claims a worker ID. The lease is held until Close or until the source
+	// loses it (see Lease.Held and Lease.Done).
+	Acquire(ctx context.Context) (Lease, error)
+}
+
+// Lease is one claimed worker ID.
+type Lease interface {
+	// WorkerID is the claimed worker ID.
+	WorkerID() int64
+	// HighWater is the last millisecond (Unix time) recorded for this worker ID before it
+	// was acquired, or 0 when nothing was recorded. The engine issues IDs only after it.
+	HighWater() int64
+	// Record notes the last millisecond (Unix time) used in an ID. It must be cheap: the
+	// engine calls it once per new millisecond. The source persists the largest value
+	// recorded at least every few seconds (ZooKeeper node data, lease row, cache file).
+	Record(unixMillis int64)
+	// Held reports whether the ID may be used right now. It turns false when the source
+	// cannot prove ownership any more (fencing) and may turn true again when it can.
+	Held() bool
+	// Done is closed when the lease is lost for good and a new one must be acquired.
+	// It is nil for leases that cannot be lost.
+	Done() <-chan struct{}
+	// Close persists the last recorded millisecond and releases the ID.
+	Close(ctx context.Context) error
+}
+
+// Errors of the sources, tested with errors.Is.
+var (
+	// ErrExhausted: every worker ID is taken (all lease rows held, or the ZooKeeper
+	// sequence number has passed the largest worker ID).
+	ErrExhausted = errors.New("worker: no worker ID left")
+	// ErrClockBehind: the recorded high-water mark of the worker ID is in the future of
+	// this machine's clock, so IDs issued now could repeat earlier ones.
+	ErrClockBehind = errors.New("worker: clock is behind the recorded timestamp of the worker ID")
+	// ErrUnreachable: the store could not be reached and no fallback applied.
+	ErrUnreachable = errors.New("worker: worker ID store unreachable")
+)
+
+// MaxID is the largest worker ID of the default layout (10 worker bits).
+const MaxID = 1023
+
+// Static is a Source that always hands out the same configured worker ID. It records no
+// high-water mark, so two processes configured with the same ID collide: use it only
+// where the IDs are assigned by hand.
+type Static struct {
+	ID int64
+}
+
+// Name returns "static".
+func (s Static) Name() string { return "static" }
+
+// Acquire returns a lease on s.ID that is never lost.
+func (s Static) Acquire(context.Context) (Lease, error) {
+	if s.ID < 0 {
+		return nil, fmt.Errorf("worker: static worker ID %d is negative", s.ID)
+	}
+	return &staticLease{id: s.ID}, nil
+}
+
+type staticLease struct {
+	id   int64
+	last atomic.Int64
+}
+
+func (l *staticLease) WorkerID() int64             { return l.id }
+func (l *staticLease) HighWater() int64            { return 0 }
+func (l *staticLease) Record(ms int64)             { RecordMax(&l.last, ms) }
+func (l *staticLease) Held() bool                  { return true }
+func (l *staticLease) Done() <-chan struct{}       { return nil }
+func (l *staticLease) Close(context.Context) error { return nil }
+
+// RecordMax stores ms in v unless v already holds a larger value. Sources use it to
+// implement Lease.Record.
+func RecordMax(v *atomic.Int64, ms int64) {
+	for {
+		old := v.Load()
+		if ms <= old || v.CompareAndSwap(old, ms) {
+			return
+		}
+	}
+}
+
+// Hooks let the caller count what happens to a lease (metrics live outside idgen). Nil
+// fields are skipped. They are called from the source's own goroutines and must not block.
+type Hooks struct {
+	// OnReportError: persisting the high-water mark failed (the store is unreachable).
+	OnReportError func(workerID int64, err error)
+	// OnReconnect: the connection to the store came back after an outage.
+	OnReconnect func(workerID int64)
+	// OnSessionExpired: the ZooKeeper session expired; a new one is being made.
+	OnSessionExpired func(workerID int64)
+	// OnFenced: the lease could not be renewed in time; the ID must not be used.
+	OnFenced func(workerID int64)
+	// OnRegained: a fenced lease was renewed again.
+	OnRegained func(workerID int64)
+}
+
+// ReportError calls OnReportError when it is set.
+func (h Hooks) ReportError(id int64, err error) {
+	if h.OnReportError != nil {
+		h.OnReportError(id, err)
+	}
+}
+
+// Reconnect calls OnReconnect when it is set.
+func (h Hooks) Reconnect(id int64) {
+	if h.OnReconnect != nil {
+		h.OnReconnect(id)
+	}
+}
+
+// SessionExpired calls OnSessionExpired when it is set.
+func (h Hooks) SessionExpired(id int64) {
+	if h.OnSessionExpired != nil {
+		h.OnSessionExpired(id)
+	}
+}
+
+// Fenced calls OnFenced when it is set.
+func (h Hooks) Fenced(id int64) {
+	if h.OnFenced != nil {
+		h.OnFenced(id)
+	}
+}
+
+// Regained calls OnRegained when it is set.
+func (h Hooks) Regained(id int64) {
+	if h.OnRegained != nil {
+		h.OnRegained(id)
+	}
+}

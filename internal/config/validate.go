@@ -102,7 +102,8 @@ func (c *Config) Validate() error {
 	}
 	if c.WorkerID < 0 || c.WorkerID > MaxWorkerID {
 		bad("worker-id", "%d is outside 0..%d", c.WorkerID, MaxWorkerID)
-	} else if c.IsSet("worker-id") && c.WorkerSource != WorkerStatic {
+	} else if c.WorkerID != 0 && c.WorkerSource != WorkerStatic {
+		// 0 is the default, so a file listing every key may carry it harmlessly.
 		bad("worker-id", "only used with worker-source static, but the worker source is %s", c.WorkerSource)
 	}
 	for _, zk := range c.ZooKeeper {

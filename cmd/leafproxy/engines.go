@@ -1,0 +1,137 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/leafproxy/leafproxy/idgen/worker"
+	"github.com/leafproxy/leafproxy/internal/config"
+	"github.com/leafproxy/leafproxy/internal/httpapi"
+	"github.com/leafproxy/leafproxy/internal/metrics"
+)
+
+// workerSource builds the configured source of the snowflake worker ID.
+func (a *app) workerSource() (worker.Source, error) {
+	switch a.cfg.WorkerSource {
+	case config.WorkerStatic:
+		return worker.Static{ID: int64(a.cfg.WorkerID)}, nil
+	}
+	return nil, fmt.Errorf("worker-source %s is not available in this build", a.cfg.WorkerSource)
+}
+
+// advertisedAddr is the ip:port that names this proxy to the worker-ID source: Leaf keys
+// its ZooKeeper node on it, and the lease table records it as the holder.
+func (a *app) advertisedAddr() string {
+	if a.cfg.AdvertisedAddr != "" {
+		return a.cfg.AdvertisedAddr
+	}
+	host, port, err := net.SplitHostPort(a.cfg.Listen)
+	if err != nil {
+		return a.cfg.Listen
+	}
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		host = firstNonLoopbackIP()
+	}
+	return net.JoinHostPort(host, port)
+}
+
+// firstNonLoopbackIP returns this host's first IPv4 address that is not loopback, as
+// Leaf's Utils.getIp does, or 127.0.0.1.
+func firstNonLoopbackIP() string {
+	addrs, err := net.InterfaceAddrs()
+	if err == nil {
+		for _, addr := range addrs {
+			if ipn, ok := addr.(*net.IPNet); ok && !ipn.IP.IsLoopback() && ipn.IP.To4() != nil {
+				return ipn.IP.String()
+			}
+		}
+	}
+	return "127.0.0.1"
+}
+
+// ready reports whether both engines can issue IDs now, and if not, why.
+func (a *app) ready(ctx context.Context) error {
+	var problems []string
+	if a.snowflake != nil {
+		if in := a.snowflake.Info(); !in.Running {
+			problems = append(problems, "snowflake engine not running")
+		} else if !in.Held {
+			problems = append(problems, fmt.Sprintf("snowflake worker ID %d not held (source %s)", in.WorkerID, in.Source))
+		}
+	}
+	if err := a.segmentReady(ctx); err != nil {
+		problems = append(problems, err.Error())
+	}
+	if len(problems) > 0 {
+		return errors.New(strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// segmentReady: the segment engine can issue when it has started and either reaches the
+// store or still holds buffered IDs.
+func (a *app) segmentReady(ctx context.Context) error {
+	if a.segment == nil {
+		return errors.New("segment engine not configured")
+	}
+	if !a.segReady.Load() {
+		return errors.New("segment engine starting: waiting for the store to list the tags")
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	err := a.pool.Ping(pingCtx)
+	if err == nil {
+		return nil
+	}
+	var buffered int64
+	for _, s := range a.segment.Snapshot() {
+		buffered += httpapi.Remaining(s)
+	}
+	if buffered > 0 {
+		// Degraded but able to issue: stay in the load balancer.
+		return nil
+	}
+	return fmt.Errorf("store unreachable (%v) and no segment IDs buffered", err)
+}
+
+// bufferLevels feeds the segment buffer gauges of /metrics.
+func (a *app) bufferLevels() []metrics.BufferLevel {
+	if a.segment == nil {
+		return nil
+	}
+	snaps := a.segment.Snapshot()
+	out := make([]metrics.BufferLevel, 0, len(snaps))
+	for _, s := range snaps {
+		out = append(out, metrics.BufferLevel{Tag: s.Tag, Remaining: httpapi.Remaining(s), Step: s.Buffers[s.Pos].Step})
+	}
+	return out
+}
+
+// status feeds the status page.
+func (a *app) status() httpapi.Status {
+	st := httpapi.Status{
+		Version:       buildVersion(),
+		StartedAt:     a.started,
+		Listen:        a.cfg.Listen,
+		Upstream:      a.cfg.Upstream,
+		SnowflakeTags: a.cfg.SnowflakeTags,
+	}
+	for _, r := range a.cfg.FillRules {
+		st.FillRules = append(st.FillRules, r.String())
+	}
+	if a.snowflake != nil {
+		in := a.snowflake.Info()
+		hw := max(in.LastMillis, in.HighWaterMillis)
+		sf := &httpapi.SnowflakeStatus{Source: in.Source, WorkerID: in.WorkerID, Held: in.Held,
+			Layout: in.Layout.String(), Epoch: in.Epoch}
+		if hw > 0 {
+			sf.HighWater = time.UnixMilli(hw)
+		}
+		st.Snowflake = sf
+	}
+	return st
+}

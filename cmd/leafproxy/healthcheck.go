@@ -1,0 +1,51 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+)
+
+func healthcheckCmd(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("healthcheck", "healthcheck [--http ADDR] [--path /readyz]\n\nAsks a running leafproxy's admin server and exits 0 when it answers 200: a container\nhealth probe that needs no curl in the image.", stderr)
+	addr := fs.String("http", "", "admin address of the proxy (env LEAFPROXY_HTTP; default 127.0.0.1:8080)")
+	path := fs.String("path", "/readyz", "`PATH` to ask: /readyz (can issue IDs) or /healthz (process alive)")
+	timeout := fs.Duration("timeout", 3*time.Second, "give up after this `DURATION`")
+	if _, err := parseInterleaved(fs, args); err != nil {
+		return err
+	}
+	if *addr == "" {
+		*addr = os.Getenv("LEAFPROXY_HTTP")
+	}
+	if *addr == "" {
+		*addr = "127.0.0.1:8080"
+	}
+	// A proxy listening on all interfaces is reached on loopback.
+	if strings.HasPrefix(*addr, ":") || strings.HasPrefix(*addr, "0.0.0.0:") {
+		*addr = "127.0.0.1" + (*addr)[strings.LastIndexByte(*addr, ':'):]
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+*addr+*path, nil)
+	if err != nil {
+		return usageError("healthcheck: %v", err)
+	}
+	if tok := os.Getenv("LEAFPROXY_HTTP_TOKEN"); tok != "" {
+		req.Header.Set("Authorization", "Bearer "+tok)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s %s", req.URL, resp.Status, strings.TrimSpace(string(body)))
+	}
+	fmt.Fprint(stdout, string(body))
+	return nil
+}

@@ -1,0 +1,330 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/sirupsen/logrus"
+
+	"github.com/leafproxy/leafproxy/idgen"
+	"github.com/leafproxy/leafproxy/idgen/segment"
+	"github.com/leafproxy/leafproxy/idgen/snowflake"
+	"github.com/leafproxy/leafproxy/internal/config"
+	"github.com/leafproxy/leafproxy/internal/httpapi"
+	"github.com/leafproxy/leafproxy/internal/metrics"
+	"github.com/leafproxy/leafproxy/migrations"
+	"github.com/leafproxy/leafproxy/proxy"
+)
+
+const serveSynopsis = `serve [--config FILE] [flags]
+
+Runs the PostgreSQL proxy, the segment and snowflake ID engines, and the admin HTTP server.
+Every setting can come from the YAML file (key = flag name), from LEAFPROXY_<NAME>
+(upper case, '-' → '_'), or from a flag; a flag wins over the environment, which wins over
+the file. SIGTERM or SIGINT shuts down gracefully: the proxy stops accepting and lets
+sessions finish for up to shutdown-timeout, and the segment engine gives unused IDs back.`
+
+func serveCmd(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("serve", serveSynopsis, stderr)
+	flags := config.RegisterFlags(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageError("serve: unexpected arguments %q", fs.Args())
+	}
+	cfg, err := config.Load(flags, os.LookupEnv)
+	if err != nil {
+		return &exitError{code: 2, err: fmt.Errorf("configuration:\n%w", err)}
+	}
+	log := newLogger(cfg, stderr)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	a := &app{cfg: cfg, log: log, started: time.Now()}
+	return a.run(ctx)
+}
+
+func newLogger(cfg *config.Config, w io.Writer) *logrus.Logger {
+	log := logrus.New()
+	log.SetOutput(w)
+	level, _ := logrus.ParseLevel(cfg.LogLevel) // validated by config
+	log.SetLevel(level)
+	if cfg.LogFormat == "json" {
+		log.SetFormatter(&logrus.JSONFormatter{})
+	} else {
+		log.SetFormatter(&logrus.TextFormatter{FullTimestamp: true, DisableColors: true})
+	}
+	return log
+}
+
+// app is one running `leafproxy serve`.
+type app struct {
+	cfg     *config.Config
+	log     *logrus.Logger
+	started time.Time
+
+	pool      *pgxpool.Pool
+	metrics   *metrics.Metrics
+	rates     *metrics.RateMeter
+	segment   *segment.Engine
+	segReady  atomic.Bool // the segment engine's Start returned
+	snowflake *snowflake.Engine
+	router    *idgen.Router
+	proxy     *proxy.Server
+	http      *http.Server
+}
+
+func (a *app) run(ctx context.Context) (err error) {
+	cfg, log := a.cfg, a.log
+	log.WithFields(logrus.Fields{"version": buildVersion(), "listen": cfg.Listen, "upstream": cfg.Upstream,
+		"http": cfg.HTTP, "worker_source": cfg.WorkerSource}).Info("starting leafproxy")
+
+	// Bind both sockets first, so that a taken port fails the start at once.
+	proxyLn, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	defer proxyLn.Close()
+	var httpLn net.Listener
+	if cfg.HTTP != "" {
+		if httpLn, err = net.Listen("tcp", cfg.HTTP); err != nil {
+			return fmt.Errorf("http: %w", err)
+		}
+		defer httpLn.Close()
+		if !isLoopback(httpLn.Addr()) && cfg.HTTPToken == "" {
+			log.WithField("http", httpLn.Addr().String()).Warn("the admin HTTP server is reachable from other hosts and has no http-token: anyone who reaches it can take IDs and read internals")
+		}
+	}
+
+	if cfg.MigrateOnStart {
+		if err := migrations.Up(cfg.Store); err != nil {
+			return fmt.Errorf("migrate-on-start: %w", err)
+		}
+		log.Info("migrations applied")
+	}
+
+	poolCfg, err := pgxpool.ParseConfig(cfg.Store)
+	if err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	poolCfg.MaxConns = 8
+	poolCfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	poolCfg.ConnConfig.RuntimeParams["application_name"] = "leafproxy"
+	if a.pool, err = pgxpool.NewWithConfig(ctx, poolCfg); err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	defer a.pool.Close()
+
+	a.metrics = metrics.New(buildVersion(), a.bufferLevels)
+	a.rates = a.metrics.NewRateMeter(10 * time.Second)
+
+	if a.segment, err = segment.New(segment.Settings{
+		Store:            segment.NewPostgresStore(a.pool),
+		PreloadThreshold: cfg.SegmentPreload,
+		Logger:           log,
+		Hooks: segment.Hooks{
+			OnLoad:        a.metrics.SegmentLoad,
+			OnUnavailable: a.metrics.SegmentUnavailable,
+			OnRefresh:     a.metrics.TagRefresh,
+			OnGiveBack:    a.metrics.GiveBack,
+		},
+	}); err != nil {
+		return err
+	}
+	src, err := a.workerSource()
+	if err != nil {
+		return err
+	}
+	if a.snowflake, err = snowflake.New(snowflake.Settings{
+		Epoch:        time.UnixMilli(cfg.SnowflakeEpoch),
+		Source:       src,
+		MaxBackwards: cfg.MaxBackwards,
+		Logger:       log,
+		Hooks: snowflake.Hooks{
+			OnClockBackwards:    a.metrics.ClockBackwards,
+			OnSequenceExhausted: a.metrics.SequenceExhausted,
+			OnWorkerLost:        a.metrics.WorkerLost,
+			OnWorkerAcquired:    a.metrics.WorkerAcquired,
+		},
+	}); err != nil {
+		return err
+	}
+	segGen := a.metrics.Counting("segment", a.segment)
+	snowGen := a.metrics.Counting("snowflake", a.snowflake)
+	a.router = idgen.NewRouter(segGen, snowGen, cfg.SnowflakeTags)
+
+	// The admin server comes up first, so that /healthz answers and /readyz says what the
+	// engines are waiting for while they start.
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	// Deferred after wg.Wait, so it runs before it: ends the helper goroutines on any return.
+	ctx, cancelRun := context.WithCancel(ctx)
+	defer cancelRun()
+	if httpLn != nil {
+		a.http = &http.Server{
+			Handler: httpapi.New(httpapi.Options{
+				Segment:   segGen,
+				Snowflake: snowGen,
+				Decode:    func(id int64) httpapi.Decoded { return decoded(a.snowflake.Codec(), id) },
+				Cache:     a.segment.Snapshot,
+				Status:    a.status,
+				Rates:     a.rates.Rates,
+				Totals:    a.metrics.IssuedTotals,
+				Ready:     a.ready,
+				Metrics:   a.metrics.Handler(),
+				Token:     cfg.HTTPToken,
+				Logger:    log,
+			}),
+			ReadHeaderTimeout: 10 * time.Second,
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := a.http.Serve(httpLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.WithError(err).Error("admin HTTP server stopped")
+			}
+		}()
+		defer a.shutdownHTTP()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		a.sampleRates(ctx)
+	}()
+
+	// The snowflake engine must hold a worker ID before it may issue; a worker source
+	// that refuses (IDs exhausted, clock behind the recorded high-water mark) fails the
+	// start with its reason.
+	startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	err = a.snowflake.Start(startCtx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("snowflake engine: %w", err)
+	}
+	defer a.closeEngine("snowflake", a.snowflake.Close)
+
+	// The segment engine retries loading the tag list until the store answers; meanwhile
+	// the proxy already relays queries and /readyz explains the wait.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := a.segment.Start(ctx); err != nil {
+			if ctx.Err() == nil {
+				log.WithError(err).Error("segment engine did not start")
+			}
+			return
+		}
+		a.segReady.Store(true)
+		log.WithField("tags", len(a.segment.Tags())).Info("segment engine started")
+	}()
+	defer a.closeEngine("segment", a.segment.Close)
+
+	if a.proxy, err = a.newProxy(); err != nil {
+		return err
+	}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- a.proxy.Serve(proxyLn) }()
+	log.WithField("listen", proxyLn.Addr().String()).Info("proxy accepting connections")
+
+	select {
+	case err := <-serveErr:
+		return fmt.Errorf("proxy stopped: %w", err)
+	case <-ctx.Done():
+	}
+	log.Info("shutting down: no new connections; waiting for sessions to finish")
+	shutCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancel()
+	if err := a.proxy.Shutdown(shutCtx); err != nil {
+		log.WithError(err).Warn("sessions still open at the shutdown deadline; closing them")
+		a.proxy.Close()
+	}
+	<-serveErr
+	return nil
+}
+
+// closeEngine closes an engine with a deadline, logging what it says.
+func (a *app) closeEngine(name string, closeFn func(context.Context) error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := closeFn(ctx); err != nil {
+		a.log.WithError(err).WithField("engine", name).Warn("engine close")
+		return
+	}
+	a.log.WithField("engine", name).Info("engine closed")
+}
+
+func (a *app) shutdownHTTP() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = a.http.Shutdown(ctx)
+}
+
+func (a *app) sampleRates(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	a.rates.Sample(time.Now())
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			a.rates.Sample(now)
+		}
+	}
+}
+
+// newProxy configures the wire-protocol server from the configuration.
+func (a *app) newProxy() (*proxy.Server, error) {
+	cfg := a.cfg
+	mode, err := proxy.ParseSSLMode(cfg.UpstreamSSLMode)
+	if err != nil {
+		return nil, fmt.Errorf("upstream-sslmode: %w", err)
+	}
+	s := &proxy.Server{
+		Upstream:        cfg.Upstream,
+		UpstreamSSLMode: mode,
+		MaxClientConns:  cfg.MaxClientConns,
+		MaxMessageSize:  cfg.MaxMessageSize,
+		Logger:          a.log,
+		OnConnOpen:      a.metrics.ConnOpened,
+		OnConnClose:     a.metrics.ConnClosed,
+		OnReject:        a.metrics.Rejected,
+	}
+	if cfg.UpstreamCA != "" {
+		pem, err := os.ReadFile(cfg.UpstreamCA)
+		if err != nil {
+			return nil, fmt.Errorf("upstream-ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("upstream-ca: %s holds no PEM certificate", cfg.UpstreamCA)
+		}
+		s.UpstreamRootCAs = pool
+	}
+	if cfg.TLSCert != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
+		if err != nil {
+			return nil, fmt.Errorf("tls-cert: %w", err)
+		}
+		s.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
+	return s, nil
+}
+
+func isLoopback(addr net.Addr) bool {
+	tcp, ok := addr.(*net.TCPAddr)
+	return ok && tcp.IP.IsLoopback()
+}

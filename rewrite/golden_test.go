@@ -43,18 +43,18 @@ type goldenCase struct {
 
 // result is a Plan as the golden files print it.
 type result struct {
-	Forward      bool        `json:"forward,omitempty"` // Plan returned (nil, nil)
-	Literal      string      `json:"literal,omitempty"` // IDs 1001, 1002, …
-	Params       string      `json:"params,omitempty"`  // hidden parameters from MaxParam+1
-	Slots        []string    `json:"slots,omitempty"`
-	MaxParam     int         `json:"max_param,omitempty"`
-	Unreferenced []int       `json:"unreferenced_params,omitempty"`
-	FastPath     string      `json:"fast_path,omitempty"`
-	Prepare      string      `json:"prepare,omitempty"`
-	Execute      string      `json:"execute,omitempty"`
-	Deallocate   string      `json:"deallocate,omitempty"`
-	SessionRefs  []string    `json:"session_refs,omitempty"`
-	Error        *goldenErr  `json:"error,omitempty"`
+	Forward      bool       `json:"forward,omitempty"` // Plan returned (nil, nil)
+	Literal      string     `json:"literal,omitempty"` // IDs 1001, 1002, …
+	Params       string     `json:"params,omitempty"`  // hidden parameters from MaxParam+1
+	Slots        []string   `json:"slots,omitempty"`
+	MaxParam     int        `json:"max_param,omitempty"`
+	Unreferenced []int      `json:"unreferenced_params,omitempty"`
+	FastPath     string     `json:"fast_path,omitempty"`
+	Prepare      string     `json:"prepare,omitempty"`
+	Execute      string     `json:"execute,omitempty"`
+	Deallocate   string     `json:"deallocate,omitempty"`
+	SessionRefs  []string   `json:"session_refs,omitempty"`
+	Error        *goldenErr `json:"error,omitempty"`
 }
 
 type goldenErr struct {
@@ -118,12 +118,8 @@ func describe(t testing.TB, sql string, p *Plan, err error) *result {
 }
 
 func TestGolden(t *testing.T) {
-	files, err := filepath.Glob("testdata/*_cases.json")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no golden files: %v", err)
-	}
 	total := 0
-	for _, file := range files {
+	for _, file := range goldenFiles(t) {
 		t.Run(strings.TrimSuffix(filepath.Base(file), "_cases.json"), func(t *testing.T) {
 			cases := readCases(t, file)
 			total += len(cases)
@@ -156,7 +152,16 @@ func TestGolden(t *testing.T) {
 	}
 }
 
-func readCases(t *testing.T, file string) []goldenCase {
+func goldenFiles(t testing.TB) []string {
+	t.Helper()
+	files, err := filepath.Glob("testdata/*_cases.json")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no golden files: %v", err)
+	}
+	return files
+}
+
+func readCases(t testing.TB, file string) []goldenCase {
 	t.Helper()
 	data, err := os.ReadFile(file)
 	if err != nil {

@@ -203,10 +203,12 @@ func (p *Plan) render(dst []byte, slot func([]byte, int) []byte, n int, arg func
 			execDone = true
 		}
 		dst = append(dst, p.sql[pos:e.start]...)
+		mark := len(dst)
 		dst = append(dst, e.text...)
 		if e.slot >= 0 {
 			dst = slot(dst, e.slot)
 		}
+		dst = separate(dst, mark, p.sql, e.end)
 		pos = e.end
 	}
 	if !execDone {
@@ -233,6 +235,24 @@ func (p *Plan) appendExecArgs(dst []byte, n int, arg func([]byte, int) []byte) [
 		dst = arg(dst, j)
 	}
 	return append(dst, ')')
+}
+
+// separate keeps the written text dst[mark:] from fusing with its
+// neighbours into one token (")END" must not become "1001::int8END"): a
+// space goes where an identifier character would touch one.
+func separate(dst []byte, mark int, sql string, next int) []byte {
+	if mark > 0 && mark < len(dst) && isIdentByte(dst[mark-1]) && isIdentByte(dst[mark]) {
+		dst = append(dst[:mark+1], dst[mark:]...)
+		dst[mark] = ' '
+	}
+	if len(dst) > mark && next < len(sql) && isIdentByte(dst[len(dst)-1]) && isIdentByte(sql[next]) {
+		dst = append(dst, ' ')
+	}
+	return dst
+}
+
+func isIdentByte(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '$' || c >= 0x80
 }
 
 // appendID writes an ID as an int8 literal. The cast keeps the type

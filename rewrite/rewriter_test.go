@@ -1,0 +1,300 @@
+package rewrite
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+)
+
+func TestNewValidates(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		s    Settings
+		ok   bool
+	}{
+		{"zero value", Settings{}, true},
+		{"valid rules", goldenSettings, true},
+		{"negative cache", Settings{CacheSize: -1}, false},
+		{"rule without table", Settings{Fill: []FillRule{{Column: "id", Tag: "t"}}}, false},
+		{"rule without column", Settings{Fill: []FillRule{{Table: "t", Tag: "t"}}}, false},
+		{"rule without tag", Settings{Fill: []FillRule{{Table: "t", Column: "id"}}}, false},
+		{"duplicate rule", Settings{Fill: []FillRule{{Table: "t", Column: "id", Tag: "a"}, {Table: "t", Column: "id", Tag: "b"}}}, false},
+		{"same column in two schemas", Settings{Fill: []FillRule{{Schema: "a", Table: "t", Column: "id", Tag: "a"}, {Schema: "b", Table: "t", Column: "id", Tag: "b"}}}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := New(c.s)
+			if (err == nil) != c.ok {
+				t.Errorf("New(%+v) error = %v, want ok=%v", c.s, err, c.ok)
+			}
+		})
+	}
+}
+
+func TestPrefilter(t *testing.T) {
+	rw, err := New(goldenSettings)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bare, err := New(Settings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		rw   *Rewriter
+		sql  string
+		want bool
+	}{
+		{rw, "SELECT 1", false},
+		{rw, "SELECT LEAF_NEXT('x')", true},
+		{rw, "select Leaf_Snowflake()", true},
+		{rw, "INSERT INTO orders (item) VALUES ('a')", true},
+		{rw, "insert into ORDERS (item) values ('a')", true},
+		{rw, "INSERT INTO items (name) VALUES ('a')", false},
+		{rw, "UPDATE orders SET item = 'a'", false},
+		{rw, "MERGE INTO orders USING s ON true WHEN MATCHED THEN DO NOTHING", true},
+		{rw, "EXECUTE p", true},
+		{rw, "deallocate all", true},
+		{rw, "DISCARD ALL", true},
+		{bare, "INSERT INTO orders (item) VALUES ('a')", false},
+		{bare, "SELECT leaf_next('a')", true},
+	} {
+		if got := c.rw.mayNeed(c.sql); got != c.want {
+			t.Errorf("mayNeed(%q) = %v, want %v", c.sql, got, c.want)
+		}
+	}
+}
+
+func TestContainsFold(t *testing.T) {
+	for _, c := range []struct {
+		s, needle string
+		want      bool
+	}{
+		{"", "leaf_", false},
+		{"leaf", "leaf_", false},
+		{"LEAF_", "leaf_", true},
+		{"xxLeAf_yy", "leaf_", true},
+		{"lleaf_", "leaf_", true},
+		{"leaf-", "leaf_", false},
+		{"anything", "", true},
+		{"ÄINSERT", "insert", true},
+	} {
+		if got := containsFold(c.s, c.needle); got != c.want {
+			t.Errorf("containsFold(%q, %q) = %v, want %v", c.s, c.needle, got, c.want)
+		}
+	}
+}
+
+func TestPrefilterMissIsNotParsedOrCached(t *testing.T) {
+	rw, err := New(goldenSettings)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err := rw.Plan("SELECT * FROM pgbench_accounts WHERE aid = $1"); p != nil || err != nil {
+		t.Fatalf("Plan = %v, %v; want nil, nil", p, err)
+	}
+	if n := rw.cache.len(); n != 0 {
+		t.Errorf("cache holds %d entries after a prefilter miss, want 0", n)
+	}
+}
+
+func TestCacheSharesPlansAndErrors(t *testing.T) {
+	rw, err := New(goldenSettings)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const q = "INSERT INTO orders (item) VALUES ('a')"
+	p1, _ := rw.Plan(q)
+	p2, _ := rw.Plan(q)
+	if p1 == nil || p1 != p2 {
+		t.Errorf("second Plan returned %p, want the cached %p", p2, p1)
+	}
+	const bad = "SELECT leaf_next(1)"
+	_, e1 := rw.Plan(bad)
+	_, e2 := rw.Plan(bad)
+	if e1 == nil || e1 != e2 {
+		t.Errorf("second Plan of a refusal returned %v, want the cached %v", e2, e1)
+	}
+	const none = "SELECT 'leaf_ only in a string'"
+	if p, err := rw.Plan(none); p != nil || err != nil {
+		t.Errorf("Plan(%q) = %v, %v", none, p, err)
+	}
+	if n := rw.cache.len(); n != 3 {
+		t.Errorf("cache holds %d entries, want 3 (plan, refusal, nothing to do)", n)
+	}
+}
+
+func TestCacheEvictsLeastRecentlyUsed(t *testing.T) {
+	rw, err := New(Settings{Fill: goldenSettings.Fill, CacheSize: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := func(i int) string { return fmt.Sprintf("INSERT INTO orders (item) VALUES ('%d')", i) }
+	a, _ := rw.Plan(q(1))
+	b, _ := rw.Plan(q(2))
+	if again, _ := rw.Plan(q(1)); again != a { // q(1) is now the most recent
+		t.Fatal("q(1) was not cached")
+	}
+	rw.Plan(q(3)) // evicts q(2)
+	if n := rw.cache.len(); n != 2 {
+		t.Errorf("cache holds %d entries, want 2", n)
+	}
+	if again, _ := rw.Plan(q(1)); again != a {
+		t.Error("q(1) was evicted although it was used more recently than q(2)")
+	}
+	if again, _ := rw.Plan(q(2)); again == b {
+		t.Error("q(2) is still cached; it should have been evicted")
+	}
+}
+
+func TestConcurrentPlan(t *testing.T) {
+	rw, err := New(Settings{Fill: goldenSettings.Fill, CacheSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			for i := 0; i < 200; i++ {
+				sql := fmt.Sprintf("INSERT INTO orders (item) VALUES ('%d')", (g*7+i)%40)
+				p, err := rw.Plan(sql)
+				if err != nil || p == nil || len(p.Slots) != 1 {
+					errs <- fmt.Errorf("Plan(%q) = %v, %v", sql, p, err)
+					return
+				}
+				out := string(p.AppendLiteral(nil, []int64{int64(i)}))
+				if !strings.Contains(out, fmt.Sprintf(", %d::int8)", i)) {
+					errs <- fmt.Errorf("rendered %q", out)
+					return
+				}
+			}
+		}(g)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+func TestErrorCarriesSQLState(t *testing.T) {
+	rw, err := New(Settings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = rw.Plan("UPDATE t SET id = leaf_next('x')")
+	var e *Error
+	if !errors.As(err, &e) {
+		t.Fatalf("Plan error %T is not *Error", err)
+	}
+	var state interface{ SQLState() string }
+	if !errors.As(err, &state) || state.SQLState() != CodeNotSupported {
+		t.Errorf("SQLState() = %v, want %s", state, CodeNotSupported)
+	}
+	if e.Hint == "" || e.Position != 19 || !strings.Contains(e.Error(), "0A000") {
+		t.Errorf("error %+v lacks hint, position 19 or SQLSTATE in its text", e)
+	}
+}
+
+func TestExecuteTag(t *testing.T) {
+	rw, err := New(Settings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := rw.Plan("EXECUTE p('order', 5, $$pay$$::text, '')")
+	if err != nil || p == nil || p.Execute == nil {
+		t.Fatalf("Plan = %v, %v", p, err)
+	}
+	for _, c := range []struct {
+		param int
+		tag   string
+		ok    bool
+	}{{1, "order", true}, {2, "", false}, {3, "pay", true}, {4, "", false}, {0, "", false}, {5, "", false}} {
+		tag, err := p.Execute.Tag(c.param)
+		if tag != c.tag || (err == nil) != c.ok {
+			t.Errorf("Tag(%d) = %q, %v; want %q, ok=%v", c.param, tag, err, c.tag, c.ok)
+		}
+		var e *Error
+		if err != nil && (!errors.As(err, &e) || e.Code != CodeInvalidParameter) {
+			t.Errorf("Tag(%d) error %v is not a 22023 *Error", c.param, err)
+		}
+	}
+}
+
+func TestSessionConflict(t *testing.T) {
+	rw, err := New(Settings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := rw.Plan("EXECUTE a; DEALLOCATE b")
+	if err != nil || p == nil {
+		t.Fatalf("Plan = %v, %v", p, err)
+	}
+	if p.Execute != nil || p.Deallocate != nil {
+		t.Errorf("a multi-statement plan sets Execute/Deallocate: %+v %+v", p.Execute, p.Deallocate)
+	}
+	withSlots := func(names ...string) func(string) bool {
+		return func(n string) bool {
+			for _, x := range names {
+				if x == n || n == "" {
+					return true
+				}
+			}
+			return false
+		}
+	}
+	if err := p.SessionConflict(withSlots()); err != nil {
+		t.Errorf("no statement with slots: %v", err)
+	}
+	if err := p.SessionConflict(withSlots("c")); err != nil {
+		t.Errorf("unrelated statement with slots: %v", err)
+	}
+	for _, name := range []string{"a", "b"} {
+		var e *Error
+		if err := p.SessionConflict(withSlots(name)); !errors.As(err, &e) || e.Code != CodeNotSupported {
+			t.Errorf("%s has slots: got %v, want 0A000", name, err)
+		}
+	}
+	all, err := rw.Plan("SELECT 1; DISCARD ALL")
+	if err != nil || all == nil {
+		t.Fatalf("Plan = %v, %v", all, err)
+	}
+	if err := all.SessionConflict(withSlots("x")); err == nil {
+		t.Error("DISCARD ALL with a statement holding slots: no conflict reported")
+	}
+}
+
+func TestAppendLiteralPanicsOnMissingIDs(t *testing.T) {
+	rw, err := New(Settings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := rw.Plan("SELECT leaf_next('a'), leaf_next('b')")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error("AppendLiteral with too few IDs did not panic")
+		}
+	}()
+	p.AppendLiteral(nil, []int64{1})
+}
+
+func TestNegativeIDsStayOneToken(t *testing.T) {
+	rw, err := New(Settings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := rw.Plan("SELECT 2-leaf_next('a')")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := string(p.AppendLiteral(nil, []int64{-5})), "SELECT 2-(-5)::int8"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+}

@@ -75,7 +75,9 @@ type Settings struct {
 	// MissRefresh: Next for a tag not in the list reloads the list, so a tag created a moment
 	// ago works at once, but at most once per MissRefresh. Negative disables it.
 	MissRefresh time.Duration
-	// LoadTimeout bounds one reservation attempt.
+	// LoadTimeout bounds one reservation attempt. It matters when the store hangs rather
+	// than refusing: callers waiting for the first failing attempt wait at most this long
+	// (or their own deadline); once an attempt has failed, Next answers at once.
 	LoadTimeout time.Duration
 	// RetryBackoff and MaxRetryBackoff: after a failed load the engine retries in the
 	// background, waiting RetryBackoff, doubling up to MaxRetryBackoff. A Next that finds
@@ -215,6 +217,9 @@ func (e *Engine) Start(ctx context.Context) error {
 		err := e.Refresh(ctx)
 		if err == nil {
 			break
+		}
+		if e.state.Load() != stateRunning {
+			return ErrClosed // Close ran meanwhile
 		}
 		e.log.WithError(err).Warn("loading the tag list failed; retrying")
 		select {

@@ -114,6 +114,12 @@ func TestBadInput(t *testing.T) {
 	cfg := fx.proxyConfig(t)
 	cfg.WorkerSource, cfg.WorkerID = "static", 7
 	p := StartProxy(t, "fuzz", cfg)
+	// The protocol half of this test needs no rewriting; the SQL half does.
+	noRewrite := rewritingMissing(t, p, dsn, segA)
+	healthySQL := []string{"SELECT leaf_next('" + segA + "')", "INSERT INTO orders (item, client) VALUES ('ok', 'healthy') RETURNING id"}
+	if noRewrite != "" {
+		healthySQL = []string{"SELECT 1::bigint", "INSERT INTO orders (id, item, client) VALUES ((random() * 1e15)::bigint, 'ok', 'healthy') RETURNING id"}
+	}
 	garbage := func(n int) []byte {
 		b := make([]byte, n)
 		r := rand.New(rand.NewPCG(uint64(n), 42))
@@ -139,9 +145,9 @@ func TestBadInput(t *testing.T) {
 		defer conn.Close(context.Background())
 		for ctx.Err() == nil {
 			var id int64
-			err := conn.QueryRow(ctx, "SELECT leaf_next('"+segA+"')").Scan(&id)
+			err := conn.QueryRow(ctx, healthySQL[0]).Scan(&id)
 			if err == nil {
-				err = conn.QueryRow(ctx, "INSERT INTO orders (item, client) VALUES ('ok', 'healthy') RETURNING id").Scan(&id)
+				err = conn.QueryRow(ctx, healthySQL[1]).Scan(&id)
 			}
 			if err != nil {
 				if ctx.Err() == nil {
@@ -226,6 +232,9 @@ func TestBadInput(t *testing.T) {
 
 	// Hostile but well-formed statements: the session answers with an error and stays usable.
 	t.Run("sql", func(t *testing.T) {
+		if noRewrite != "" {
+			t.Skip(noRewrite)
+		}
 		ctx := context.Background()
 		conn, err := pgx.Connect(ctx, p.URL(dsn, "postgres", ""))
 		if err != nil {

@@ -95,13 +95,15 @@ func TestRealClients(t *testing.T) {
 	addTag(t, dsn, "bench", 100)
 	execSQL(t, dsn, `CREATE TABLE client_rows (id bigint PRIMARY KEY, client text NOT NULL)`)
 	execSQL(t, dsn, `CREATE TABLE bench_rows (id bigint PRIMARY KEY, note text NOT NULL)`)
-	// The binary's default worker source (the PostgreSQL lease when no ZooKeeper is set).
 	p := StartProxy(t, "clients", ProxyConfig{
+		WorkerSource:  "static",
+		WorkerID:      11,
 		Upstream:      hostPort(t, dsn),
 		Store:         dsn,
 		SnowflakeTags: []string{snowOrder},
 		Fill:          []string{"client_rows.id=" + snowOrder, "bench_rows.id=bench"},
 	})
+	requireRewriting(t, p, dsn, snowOrder)
 	url := p.URL(dsn, "postgres", "")
 	coll := NewCollector()
 

@@ -32,7 +32,12 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		os.Exit(1)
 	}
-	buildBinary(dir)
+	if bin := os.Getenv("LEAF_E2E_BINARY"); bin != "" {
+		// A prebuilt binary (a release build, say) instead of building the tree.
+		leafBinary.path = bin
+	} else {
+		buildBinary(dir)
+	}
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)

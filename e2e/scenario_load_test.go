@@ -26,6 +26,7 @@ func startProxies(t testing.TB, fx *fixture, n int, mutate func(i int, c *ProxyC
 		took := p.Start()
 		t.Logf("%s ready on %s (admin %s) in %v", p.Name, p.Addr(), p.HTTPURL(), took.Round(time.Millisecond))
 	}
+	requireRewriting(t, out[0], fx.DSN, fx.SnowflakeTags[0])
 	return out
 }
 

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os/exec"
 	"strconv"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/leafproxy/leafproxy/migrations"
 )
@@ -198,4 +200,36 @@ func quoteList(xs []string) string {
 		q[i] = fmt.Sprintf("%q", x)
 	}
 	return strings.Join(q, ", ")
+}
+
+// requireRewriting skips the test when the proxy forwards leaf_next to PostgreSQL
+// unchanged, which PostgreSQL answers with 42883 (no such function): the binary does not
+// intercept the SQL surface yet. Any other failure of the probe fails the test.
+func requireRewriting(t testing.TB, p *Proxy, dbURL, tag string) {
+	t.Helper()
+	if reason := rewritingMissing(t, p, dbURL, tag); reason != "" {
+		t.Skip(reason)
+	}
+}
+
+// rewritingMissing returns why the proxy does not intercept leaf_next, or "" when it does.
+func rewritingMissing(t testing.TB, p *Proxy, dbURL, tag string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, p.URL(dbURL, "postgres", ""))
+	if err != nil {
+		t.Fatalf("connect through %s: %v", p.Name, err)
+	}
+	defer conn.Close(ctx)
+	var id int64
+	err = conn.QueryRow(ctx, "SELECT leaf_next('"+tag+"')").Scan(&id)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42883" && strings.Contains(pgErr.Message, "leaf_next") {
+		return fmt.Sprintf("%s forwards leaf_next to PostgreSQL unchanged (%s): the SQL rewriting is not in the binary yet", p.Name, pgErr.Message)
+	}
+	if err != nil {
+		t.Fatalf("SELECT leaf_next('%s') through %s: %v", tag, p.Name, err)
+	}
+	return ""
 }

@@ -148,6 +148,7 @@ func TestSecurity(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Logf("sockets of a proxy started without --http: %v", addrs)
 		found := false
 		for _, a := range addrs {
 			if strings.HasSuffix(a, ":8080") {

@@ -26,7 +26,6 @@ func startProxies(t testing.TB, fx *fixture, n int, mutate func(i int, c *ProxyC
 		took := p.Start()
 		t.Logf("%s ready on %s (admin %s) in %v", p.Name, p.Addr(), p.HTTPURL(), took.Round(time.Millisecond))
 	}
-	requireRewriting(t, out[0], fx.DSN, fx.SnowflakeTags[0])
 	return out
 }
 
@@ -68,6 +67,7 @@ func TestThreeProxiesUnderLoad(t *testing.T) {
 	dsn := testenv.NewDatabase(t)
 	fx := newFixture(t, dsn, 1000)
 	proxies := startProxies(t, fx, 3, zkWorkers(t, []string{zk}))
+	requireRewriting(t, proxies[0], dsn, snowOrder)
 
 	coll := NewCollector()
 	d := loadDuration()
@@ -108,6 +108,7 @@ func TestCrashRestartUnderLoad(t *testing.T) {
 	dsn := testenv.NewDatabase(t)
 	fx := newFixture(t, dsn, 1000)
 	proxies := startProxies(t, fx, 3, zkWorkers(t, []string{zk}))
+	requireRewriting(t, proxies[0], dsn, snowOrder)
 	victim := proxies[1]
 
 	coll := NewCollector()

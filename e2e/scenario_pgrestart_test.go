@@ -67,6 +67,7 @@ func TestDatabaseRestartUnderLoad(t *testing.T) {
 		c.WorkerID = 100 + i
 	})
 	requireHTTPIDs(t, proxies[0], segA, snowOrder)
+	requireRewriting(t, proxies[0], dsn, snowOrder)
 	pids := []int{proxies[0].Pid(), proxies[1].Pid()}
 
 	coll := NewCollector()

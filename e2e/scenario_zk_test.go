@@ -13,43 +13,26 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/leafproxy/leafproxy/internal/testenv"
 )
 
-// sqlIDs asks the proxy for n IDs of tag over one fresh connection.
-func sqlIDs(ctx context.Context, p *Proxy, dbURL, tag string, n int) ([]int64, error) {
-	conn, err := pgx.Connect(ctx, p.URL(dbURL, "postgres", ""))
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close(context.Background())
-	ids := make([]int64, 0, n)
-	for i := 0; i < n; i++ {
-		var id int64
-		if err := conn.QueryRow(ctx, "SELECT leaf_next($1)", tag).Scan(&id); err != nil {
-			return ids, err
+// snowflakeWorker returns the worker ID of the proxy's snowflake IDs, recording the IDs.
+// It asks the HTTP API, which needs no SQL rewriting.
+func snowflakeWorker(t testing.TB, p *Proxy, coll *Collector, phase string) int64 {
+	t.Helper()
+	var ids []int64
+	for i := 0; i < 20; i++ {
+		id, err := httpID(p, "/api/snowflake/get/"+snowOrder, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", p.Name, err)
 		}
 		ids = append(ids, id)
-	}
-	return ids, nil
-}
-
-// snowflakeWorker returns the worker ID of the proxy's snowflake IDs, recording the IDs.
-func snowflakeWorker(t testing.TB, p *Proxy, dbURL string, coll *Collector, phase string) int64 {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	ids, err := sqlIDs(ctx, p, dbURL, snowOrder, 20)
-	if err != nil {
-		t.Fatalf("%s: leaf_next('%s'): %v", p.Name, snowOrder, err)
 	}
 	workers := map[int64]bool{}
 	for _, id := range ids {
 		_, w, _ := decodeSnowflake(id)
 		workers[w] = true
-		coll.Add(IDRow{Namespace: snowflakeNamespace, ID: id, Origin: originLeafNext, Proxy: p.Name, Phase: phase})
+		coll.Add(IDRow{Namespace: snowflakeNamespace, ID: id, Origin: originHTTP, Proxy: p.Name, Phase: phase})
 	}
 	if len(workers) != 1 {
 		t.Fatalf("%s issued IDs of %d worker IDs", p.Name, len(workers))
@@ -197,6 +180,7 @@ func TestZooKeeper(t *testing.T) {
 
 	t.Run("LeaderLossUnderLoad", func(t *testing.T) {
 		proxies := startProxies(t, fx, 2, zk)
+		requireRewriting(t, proxies[0], dsn, snowOrder)
 		load := StartLoad(t, coll, dsn, proxies, 8)
 		phase := loadDuration() / 3
 		hold(phase)
@@ -237,7 +221,7 @@ func TestZooKeeper(t *testing.T) {
 
 	t.Run("SessionExpiry", func(t *testing.T) {
 		p := startProxies(t, fx, 1, zk)[0]
-		before := snowflakeWorker(t, p, dsn, coll, "before expiry")
+		before := snowflakeWorker(t, p, coll, "before expiry")
 		p.Signal(syscall.SIGSTOP)
 		stopped := true
 		defer func() {
@@ -253,12 +237,10 @@ func TestZooKeeper(t *testing.T) {
 		var worker int64 = -1
 		var last error
 		for time.Since(resumed) < 30*time.Second {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			ids, err := sqlIDs(ctx, p, dsn, snowOrder, 1)
-			cancel()
+			id, err := httpID(p, "/api/snowflake/get/"+snowOrder, nil)
 			if err == nil {
-				_, worker, _ = decodeSnowflake(ids[0])
-				coll.Add(IDRow{Namespace: snowflakeNamespace, ID: ids[0], Origin: originLeafNext, Proxy: p.Name, Phase: "after expiry"})
+				_, worker, _ = decodeSnowflake(id)
+				coll.Add(IDRow{Namespace: snowflakeNamespace, ID: id, Origin: originHTTP, Proxy: p.Name, Phase: "after expiry"})
 				break
 			}
 			last = err
@@ -268,7 +250,7 @@ func TestZooKeeper(t *testing.T) {
 			t.Fatalf("no snowflake ID within 30 s of the expired session: %v", last)
 		}
 		firstID := time.Since(resumed)
-		if after := snowflakeWorker(t, p, dsn, coll, "after expiry"); after != before || worker != before {
+		if after := snowflakeWorker(t, p, coll, "after expiry"); after != before || worker != before {
 			t.Errorf("worker ID %d before the session expired, %d/%d after: the persistent node keeps it", before, worker, after)
 		}
 		// The source must notice the expiry (log it, count it) and make a new session.
@@ -298,7 +280,7 @@ func TestZooKeeper(t *testing.T) {
 
 	t.Run("StartWhileDownUsesCachedWorkerID", func(t *testing.T) {
 		p := startProxies(t, fx, 1, zk)[0]
-		before := snowflakeWorker(t, p, dsn, coll, "zk up")
+		before := snowflakeWorker(t, p, coll, "zk up")
 		caches, _ := filepath.Glob(filepath.Join(p.TempDir(), "*", "leafconf", "*", "workerID.properties"))
 		if len(caches) != 1 {
 			t.Errorf("worker-ID cache files under the proxy's TMPDIR: %v, want one {name}/leafconf/{port}/workerID.properties", caches)
@@ -312,7 +294,7 @@ func TestZooKeeper(t *testing.T) {
 			z.Stop()
 		}
 		took := p.Start()
-		during := snowflakeWorker(t, p, dsn, coll, "zk down")
+		during := snowflakeWorker(t, p, coll, "zk down")
 		if during != before {
 			t.Errorf("started while ZooKeeper was down with worker ID %d, cached %d", during, before)
 		}
@@ -328,7 +310,7 @@ func TestZooKeeper(t *testing.T) {
 				t.Fatalf("restart ZooKeeper: %v", err)
 			}
 		}
-		if after := snowflakeWorker(t, p, dsn, coll, "zk back"); after != before {
+		if after := snowflakeWorker(t, p, coll, "zk back"); after != before {
 			t.Errorf("worker ID %d after ZooKeeper came back, %d before", after, before)
 		}
 		requireNoDuplicates(t, coll)

@@ -2,6 +2,7 @@ package segment_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -115,4 +116,45 @@ func lastHandedOut(e *segment.Engine) int64 {
 		}
 	}
 	return last
+}
+
+// TestCloseUnderLoadGivesBackNothingHandedOut closes the engine while goroutines keep
+// calling Next: whatever they got before Close stopped them must stay below the max_id
+// Close leaves, so a restart cannot hand it out again.
+func TestCloseUnderLoadGivesBackNothingHandedOut(t *testing.T) {
+	for round := range 20 {
+		store := newFakeStore()
+		store.addTag("t", 1000, 0)
+		e := startEngine(t, store, segment.Settings{})
+		mustNext(t, e, "t")
+		var wg sync.WaitGroup
+		highest := make([]int64, 4)
+		var started sync.WaitGroup
+		started.Add(len(highest))
+		for g := range highest {
+			wg.Go(func() {
+				started.Done()
+				for {
+					id, err := e.Next(context.Background(), "t")
+					if err != nil {
+						return
+					}
+					highest[g] = id
+				}
+			})
+		}
+		started.Wait()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := e.Close(ctx); err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+		cancel()
+		wg.Wait()
+		top := store.maxID("t")
+		for _, h := range highest {
+			if h > top {
+				t.Fatalf("round %d: ID %d was handed out but max_id is %d after Close", round, h, top)
+			}
+		}
+	}
 }

@@ -3,6 +3,8 @@ package rewrite
 import (
 	"strconv"
 	"testing"
+
+	pg_query "github.com/pganalyze/pg_query_go/v6"
 )
 
 const benchInsert = "INSERT INTO orders (item, qty) VALUES ('book', 2) RETURNING id"
@@ -119,5 +121,20 @@ func BenchmarkPlanCacheChurn(b *testing.B) {
 			b.Fatal(err)
 		}
 		i++
+	}
+}
+
+// BenchmarkParserFloor is the part of an uncached plan spent in pg_query:
+// the parse tree and the token stream. It is the floor for
+// BenchmarkPlanInsertUncached.
+func BenchmarkParserFloor(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := pg_query.Parse(benchInsert); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := pg_query.Scan(benchInsert); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -94,18 +94,43 @@ func (r *Rewriter) Plan(sql string) (*Plan, error) {
 		return e.plan, e.err
 	}
 	p, err := r.build(sql)
-	r.cache.put(&cacheEntry{sql: sql, plan: p, err: err})
+	if len(sql) <= maxCachedSQL {
+		r.cache.put(&cacheEntry{sql: sql, plan: p, err: err})
+	}
 	return p, err
 }
 
+// maxCachedSQL bounds the memory of the cache: longer texts (bulk
+// multi-row INSERTs, generated SQL) rarely repeat, and 4096 of them could
+// otherwise pin gigabytes. They are planned on every use.
+const maxCachedSQL = 32 << 10
+
 // mayNeed is the prefilter: a statement without these words cannot call a
 // leaf function, insert into a filled table or touch prepared statements.
+// One pass over the text looks for all keywords at once.
 func (r *Rewriter) mayNeed(sql string) bool {
-	if containsFold(sql, "leaf_") || containsFold(sql, "execute") ||
-		containsFold(sql, "deallocate") || containsFold(sql, "discard") {
-		return true
+	writes := false
+	for i := 0; i < len(sql); i++ {
+		switch sql[i] | 0x20 { // ASCII lower case for letters
+		case 'l':
+			if hasFoldAt(sql, i, "leaf_") {
+				return true
+			}
+		case 'e':
+			if hasFoldAt(sql, i, "execute") {
+				return true
+			}
+		case 'd':
+			if hasFoldAt(sql, i, "deallocate") || hasFoldAt(sql, i, "discard") {
+				return true
+			}
+		case 'i':
+			writes = writes || hasFoldAt(sql, i, "insert")
+		case 'm':
+			writes = writes || hasFoldAt(sql, i, "merge")
+		}
 	}
-	if len(r.needles) == 0 || !(containsFold(sql, "insert") || containsFold(sql, "merge")) {
+	if !writes {
 		return false
 	}
 	for _, n := range r.needles {
@@ -114,6 +139,11 @@ func (r *Rewriter) mayNeed(sql string) bool {
 		}
 	}
 	return false
+}
+
+// hasFoldAt reports whether s[i:] starts with lower, ignoring ASCII case.
+func hasFoldAt(s string, i int, lower string) bool {
+	return len(s)-i >= len(lower) && equalFoldASCII(s[i:i+len(lower)], lower)
 }
 
 // containsFold reports whether s contains needle, comparing ASCII letters

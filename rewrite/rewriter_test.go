@@ -298,3 +298,27 @@ func TestNegativeIDsStayOneToken(t *testing.T) {
 		t.Errorf("got %q, want %q", got, want)
 	}
 }
+
+func TestLongTextIsNotCached(t *testing.T) {
+	rw, err := New(goldenSettings)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	b.WriteString("INSERT INTO orders (item) VALUES ('a')")
+	for b.Len() <= maxCachedSQL {
+		b.WriteString(", ('a')")
+	}
+	p, err := rw.Plan(b.String())
+	if err != nil || p == nil {
+		t.Fatalf("Plan = %v, %v", p, err)
+	}
+	rows := strings.Count(b.String(), "('a')")
+	if len(p.Slots) != rows {
+		t.Errorf("%d slots for %d rows", len(p.Slots), rows)
+	}
+	checkInvariants(t, b.String(), p)
+	if n := rw.cache.len(); n != 0 {
+		t.Errorf("cache holds %d entries after a %d-byte statement, want 0", n, b.Len())
+	}
+}

@@ -46,6 +46,8 @@ type conn struct {
 	txStatus atomic.Uint32 // last ReadyForQuery status: 'I', 'T' or 'E'; 0 before the first
 	pending  atomic.Int64  // ReadyForQuery messages the client still awaits
 	told     atomic.Bool   // the proxy has sent the client its own final error
+
+	sess sessionState // statement map and request cycles; used only when rewriting
 }
 
 func newConnState(s *Server, nc net.Conn) *conn {

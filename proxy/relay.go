@@ -67,6 +67,9 @@ func (c *conn) relayToUpstream() error {
 // a request cycle are counted so that the proxy knows when nothing is outstanding; all
 // others cross unchanged.
 func (c *conn) fromClient(typ byte, n int) error {
+	if c.srv.Rewriter != nil {
+		return c.fromClientRewriting(typ, n)
+	}
 	switch typ {
 	case 'Q', 'S', 'F':
 		// Query, Sync and FunctionCall are each answered by exactly one ReadyForQuery,
@@ -145,6 +148,9 @@ func (c *conn) relayToClient() error {
 // fromUpstream handles one upstream message whose header has been read, reporting whether
 // it was a FATAL (or PANIC) error.
 func (c *conn) fromUpstream(typ byte, n int) (fatal bool, err error) {
+	if c.srv.Rewriter != nil {
+		return c.fromUpstreamRewriting(typ, n)
+	}
 	switch typ {
 	case 'Z':
 		body, err := c.ur.readBody(n)

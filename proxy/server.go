@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+
+	"github.com/leafproxy/leafproxy/rewrite"
 )
 
 // Defaults for the zero values of Server's fields.
@@ -62,6 +64,12 @@ type Server struct {
 	// MaxMessageSize is the largest message body accepted from either side
 	// (DefaultMaxMessageSize). A larger message ends the session with a FATAL error.
 	MaxMessageSize int
+
+	// Rewriter, when set, rewrites SQL so that leaf_next/leaf_snowflake calls and filled
+	// INSERTs receive IDs from IDs; nil relays all SQL unchanged.
+	Rewriter *rewrite.Rewriter
+	// IDs supplies the IDs the rewritten statements need; required with Rewriter.
+	IDs IDSource
 
 	// Logger receives connection-level events (never per-query ones at Info or above);
 	// nil means logrus's standard logger.
@@ -140,6 +148,9 @@ func (s *Server) Serve(l net.Listener) error {
 	}
 	if _, err := ParseSSLMode(string(s.UpstreamSSLMode)); err != nil {
 		return err
+	}
+	if s.Rewriter != nil && s.IDs == nil {
+		return errors.New("proxy: Server.Rewriter is set but Server.IDs is not")
 	}
 	var backoff time.Duration
 	for {

@@ -1,0 +1,277 @@
+package proxy
+
+import (
+	"encoding/binary"
+	"fmt"
+	"strconv"
+
+	"github.com/leafproxy/leafproxy/rewrite"
+)
+
+// onParse rewrites a Parse whose plan needs IDs: the slots become hidden parameters
+// $n+1 … $n+k of type int8, where n = max(number of OIDs the client sent, highest $i in
+// the text), after the client's OIDs padded with zeros (unspecified) up to n.
+func (c *conn) onParse(n int) error {
+	body, err := c.cr.readBody(n)
+	if err != nil {
+		return err
+	}
+	s := &c.sess
+	name, rest, ok1 := cString(body)
+	query, rest, ok2 := cString(rest)
+	if !ok1 || !ok2 || len(rest) < 2 || len(rest) != 2+4*be16(rest) || be16(rest) < 0 {
+		return c.forwardParse(body, name) // malformed: the server reports it
+	}
+	oids := rest[2:]
+	plan, err := c.srv.Rewriter.Plan(query)
+	if err != nil {
+		return c.refuseExtended(err)
+	}
+	if plan == nil {
+		return c.forwardParse(body, name)
+	}
+	s.mu.Lock()
+	var prepared *statement
+	if plan.Execute != nil {
+		prepared = s.statementLocked(plan.Execute.Name)
+	}
+	s.mu.Unlock()
+
+	// The hidden parameters: the plan's own slots, then, for an EXECUTE of a statement
+	// with hidden parameters, that statement's (their tags are EXECUTE's literals).
+	slots := plan.Slots
+	extra := 0
+	if plan.Execute != nil && prepared != nil && len(prepared.slots) > 0 {
+		slots = append(make([]rewrite.Slot, 0, len(plan.Slots)+len(prepared.slots)), plan.Slots...)
+		for _, sl := range prepared.slots {
+			if sl.Kind == rewrite.SlotTagParam {
+				tag, err := plan.Execute.Tag(sl.Param)
+				if err != nil {
+					return c.refuseExtended(err)
+				}
+				sl = rewrite.Slot{Kind: rewrite.SlotTag, Tag: tag}
+			}
+			slots = append(slots, sl)
+		}
+		extra = len(prepared.slots)
+	}
+	if len(slots) == 0 {
+		s.mu.Lock()
+		s.applySQLEffectsLocked(s.openLocked(), plan)
+		s.mu.Unlock()
+		return c.forwardParse(body, name)
+	}
+
+	clientOIDs := len(oids) / 4
+	params := max(clientOIDs, plan.MaxParam)
+	out := append(s.outBuf[:0], name...)
+	out = append(out, 0)
+	if extra > 0 {
+		out = plan.AppendExecuteParams(out, params+1, extra)
+	} else {
+		out = plan.AppendParams(out, params+1)
+	}
+	out = append(out, 0)
+	out = binary.BigEndian.AppendUint16(out, uint16(params+len(slots)))
+	out = append(out, oids...)
+	for i := clientOIDs; i < params; i++ {
+		out = binary.BigEndian.AppendUint32(out, 0)
+	}
+	// A parameter that only carried a leaf_next tag is no longer referenced by the
+	// rewritten text, so the server could not infer its type: make it text.
+	typesAt := len(out) - 4*params
+	for _, p := range plan.UnreferencedParams {
+		if p >= 1 && p <= params {
+			at := typesAt + 4*(p-1)
+			if binary.BigEndian.Uint32(out[at:]) == 0 {
+				binary.BigEndian.PutUint32(out[at:], oidText)
+			}
+		}
+	}
+	for range slots {
+		out = binary.BigEndian.AppendUint32(out, oidInt8)
+	}
+	if params+len(slots) > 65535 {
+		return c.refuseExtended(&rewrite.Error{Code: codeProgramLimitExceeded, Message: "too many parameters with the hidden leaf ID parameters"})
+	}
+	s.outBuf = keepSmall(out)
+
+	s.mu.Lock()
+	cy := s.openLocked()
+	cy.sent++
+	s.setStatementLocked(cy, name, &statement{slots: slots}, '1')
+	s.applySQLEffectsLocked(cy, plan)
+	s.mu.Unlock()
+	return c.send('P', out)
+}
+
+// forwardParse sends a Parse unchanged; the statement it creates has no hidden parameters.
+func (c *conn) forwardParse(body []byte, name string) error {
+	s := &c.sess
+	s.mu.Lock()
+	cy := s.openLocked()
+	cy.sent++
+	s.setStatementLocked(cy, name, nil, '1')
+	s.mu.Unlock()
+	return c.send('P', body)
+}
+
+// bindMessage is a decoded Bind body; the slices point into the body.
+type bindMessage struct {
+	head    []byte   // portal and statement names, NUL-terminated
+	formats []uint16 // parameter format codes
+	params  [][]byte // nil is SQL NULL
+	results []byte   // result format codes with their count
+}
+
+func parseBind(body []byte) (bindMessage, string, bool) {
+	var m bindMessage
+	_, rest, ok1 := cString(body)
+	stmt, rest, ok2 := cString(rest)
+	if !ok1 || !ok2 || len(rest) < 2 {
+		return m, "", false
+	}
+	m.head = body[:len(body)-len(rest)]
+	nf := be16(rest)
+	rest = rest[2:]
+	if nf < 0 || len(rest) < 2*nf+2 {
+		return m, "", false
+	}
+	m.formats = make([]uint16, nf)
+	for i := range nf {
+		m.formats[i] = binary.BigEndian.Uint16(rest[2*i:])
+	}
+	rest = rest[2*nf:]
+	np := be16(rest)
+	rest = rest[2:]
+	if np < 0 {
+		return m, "", false
+	}
+	m.params = make([][]byte, np)
+	for i := range np {
+		if len(rest) < 4 {
+			return m, "", false
+		}
+		l := int(int32(binary.BigEndian.Uint32(rest)))
+		rest = rest[4:]
+		if l < 0 {
+			continue // NULL
+		}
+		if len(rest) < l {
+			return m, "", false
+		}
+		m.params[i] = rest[:l:l]
+		rest = rest[l:]
+	}
+	if len(rest) < 2 {
+		return m, "", false
+	}
+	m.results = rest
+	return m, stmt, true
+}
+
+// onBind appends one fresh ID per hidden parameter of the statement. Format codes: none
+// (all text) → text IDs; one (applies to all) → IDs in that format; one per parameter →
+// a text code per ID and text IDs.
+func (c *conn) onBind(n int) error {
+	body, err := c.cr.readBody(n)
+	if err != nil {
+		return err
+	}
+	s := &c.sess
+	stmtName, ok := bindStatement(body)
+	var st *statement
+	if ok {
+		s.mu.Lock()
+		st = s.statementLocked(stmtName)
+		s.mu.Unlock()
+	}
+	if st == nil {
+		return c.forwardExtended('B', body)
+	}
+	m, _, ok := parseBind(body)
+	if !ok || (len(m.formats) > 1 && len(m.formats) != len(m.params)) {
+		return c.forwardExtended('B', body) // the server reports the malformed Bind
+	}
+	ids := s.idsBuf[:0]
+	for _, slot := range st.slots {
+		id, err := c.slotID(slot, func(p int) (string, error) { return bindTag(m.params, p) })
+		if err != nil {
+			return c.refuseExtended(err)
+		}
+		ids = append(ids, id)
+	}
+	s.idsBuf = ids
+
+	binaryIDs := len(m.formats) == 1 && m.formats[0] == 1
+	out := append(s.outBuf[:0], m.head...)
+	switch len(m.formats) {
+	case 0, 1:
+		out = binary.BigEndian.AppendUint16(out, uint16(len(m.formats)))
+		for _, f := range m.formats {
+			out = binary.BigEndian.AppendUint16(out, f)
+		}
+	default:
+		out = binary.BigEndian.AppendUint16(out, uint16(len(m.formats)+len(ids)))
+		for _, f := range m.formats {
+			out = binary.BigEndian.AppendUint16(out, f)
+		}
+		for range ids {
+			out = binary.BigEndian.AppendUint16(out, 0)
+		}
+	}
+	out = binary.BigEndian.AppendUint16(out, uint16(len(m.params)+len(ids)))
+	for _, p := range m.params {
+		if p == nil {
+			out = binary.BigEndian.AppendUint32(out, 0xffffffff)
+			continue
+		}
+		out = binary.BigEndian.AppendUint32(out, uint32(len(p)))
+		out = append(out, p...)
+	}
+	for _, id := range ids {
+		if binaryIDs {
+			out = binary.BigEndian.AppendUint32(out, 8)
+			out = binary.BigEndian.AppendUint64(out, uint64(id))
+			continue
+		}
+		var digits [20]byte
+		d := strconv.AppendInt(digits[:0], id, 10)
+		out = binary.BigEndian.AppendUint32(out, uint32(len(d)))
+		out = append(out, d...)
+	}
+	out = append(out, m.results...)
+	s.outBuf = keepSmall(out)
+	return c.forwardExtended('B', out)
+}
+
+// bindStatement returns the statement name of a Bind body.
+func bindStatement(body []byte) (string, bool) {
+	_, rest, ok := cString(body)
+	if !ok {
+		return "", false
+	}
+	name, _, ok := cString(rest)
+	return name, ok
+}
+
+// bindTag returns the tag passed as parameter p (1-based) of a Bind: its bytes, which are
+// the same in text and binary format for a text value.
+func bindTag(params [][]byte, p int) (string, error) {
+	if p < 1 || p > len(params) {
+		return "", &rewrite.Error{Code: rewrite.CodeInvalidParameter, Message: fmt.Sprintf("Bind has no parameter $%d for the leaf_next tag", p)}
+	}
+	if len(params[p-1]) == 0 {
+		return "", &rewrite.Error{Code: rewrite.CodeInvalidParameter, Message: fmt.Sprintf("the leaf_next tag in parameter $%d is NULL or empty", p)}
+	}
+	return string(params[p-1]), nil
+}
+
+// forwardExtended sends an extended-protocol message that gets one terminal response.
+func (c *conn) forwardExtended(typ byte, body []byte) error {
+	s := &c.sess
+	s.mu.Lock()
+	s.openLocked().sent++
+	s.mu.Unlock()
+	return c.send(typ, body)
+}

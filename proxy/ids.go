@@ -1,0 +1,73 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/leafproxy/leafproxy/rewrite"
+)
+
+// IDSource supplies the IDs the proxy injects. The proxy never depends on the ID engines
+// themselves; cmd/leafproxy wires a router of segment and snowflake engines in here.
+type IDSource interface {
+	// Next returns a fresh ID of a tag (leaf_next('tag') and fill rules).
+	Next(ctx context.Context, tag string) (int64, error)
+	// NextSnowflake returns a fresh snowflake ID (leaf_snowflake()).
+	NextSnowflake(ctx context.Context) (int64, error)
+}
+
+// codeSystemError is the SQLSTATE for an ID source failure that carries none of its own
+// (58000, system_error: an error external to PostgreSQL).
+const codeSystemError = "58000"
+
+// OIDs the proxy declares or reports.
+const (
+	oidInt8 = 20
+	oidText = 25
+)
+
+// nextID returns the ID for one slot; tag is the tag of a SlotTagParam slot.
+func (c *conn) nextID(slot rewrite.Slot, tag string) (int64, error) {
+	switch slot.Kind {
+	case rewrite.SlotSnowflake:
+		return c.srv.IDs.NextSnowflake(c.ctx)
+	case rewrite.SlotTagParam:
+		return c.srv.IDs.Next(c.ctx, tag)
+	default:
+		return c.srv.IDs.Next(c.ctx, slot.Tag)
+	}
+}
+
+// errorResponse encodes err as an ErrorResponse of severity ERROR. Rewrite refusals keep
+// their SQLSTATE, hint and position; other errors give their SQLState() when they have
+// one, else 58000.
+func errorResponse(err error) []byte {
+	msg := &pgproto3.ErrorResponse{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: codeSystemError, Message: err.Error()}
+	var re *rewrite.Error
+	var coded interface{ SQLState() string }
+	switch {
+	case errors.As(err, &re):
+		msg.Code, msg.Message, msg.Hint, msg.Position = re.Code, re.Message, re.Hint, int32(re.Position)
+	case errors.As(err, &coded) && coded.SQLState() != "":
+		msg.Code = coded.SQLState()
+	}
+	b, _ := msg.Encode(nil)
+	return b
+}
+
+// idError wraps an ID source failure so that the client learns where it came from.
+type idError struct{ err error }
+
+func (e *idError) Error() string { return "leaf ID source: " + e.err.Error() }
+func (e *idError) Unwrap() error { return e.err }
+
+// SQLState returns the source's own SQLSTATE, or 58000.
+func (e *idError) SQLState() string {
+	var coded interface{ SQLState() string }
+	if errors.As(e.err, &coded) && coded.SQLState() != "" {
+		return coded.SQLState()
+	}
+	return codeSystemError
+}

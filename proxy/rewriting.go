@@ -1,0 +1,349 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"strconv"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/leafproxy/leafproxy/rewrite"
+)
+
+// This file is the client-to-upstream half of SQL rewriting (Server.Rewriter set): Query,
+// Parse, Bind, Describe and Close are decoded, rewritten when their plan needs IDs, and
+// recorded in the session's bookkeeping; everything else crosses unchanged.
+
+// fromClientRewriting handles one client message whose header has been read.
+func (c *conn) fromClientRewriting(typ byte, n int) error {
+	s := &c.sess
+	if s.skip {
+		// After a refusal the proxy behaves like the server after an error: everything
+		// up to Sync is discarded (Flush still flushes what came before).
+		switch typ {
+		case 'S':
+			s.skip = false
+		case 'H', 'X':
+		default:
+			_, err := c.cr.br.Discard(n)
+			return unexpected(err)
+		}
+	}
+	switch typ {
+	case 'Q':
+		return c.onQuery(n)
+	case 'P':
+		return c.onParse(n)
+	case 'B':
+		return c.onBind(n)
+	case 'D':
+		return c.onDescribe(n)
+	case 'C':
+		return c.onClose(n)
+	case 'E':
+		s.mu.Lock()
+		s.openLocked().sent++
+		s.mu.Unlock()
+	case 'S', 'F':
+		// Sync and FunctionCall end the cycle: the next ReadyForQuery answers it.
+		s.mu.Lock()
+		s.openLocked()
+		s.cur = nil
+		s.mu.Unlock()
+		c.pending.Add(1)
+	}
+	if err := writeHeader(c.uw, typ, n); err != nil {
+		return writeError{err}
+	}
+	return c.cr.copyBody(c.uw, n)
+}
+
+// send writes one message upstream.
+func (c *conn) send(typ byte, body []byte) error {
+	if err := writeHeader(c.uw, typ, len(body)); err != nil {
+		return writeError{err}
+	}
+	if _, err := c.uw.Write(body); err != nil {
+		return writeError{err}
+	}
+	return nil
+}
+
+// cString splits a NUL-terminated string off the front of b.
+func cString(b []byte) (string, []byte, bool) {
+	i := bytes.IndexByte(b, 0)
+	if i < 0 {
+		return "", nil, false
+	}
+	return string(b[:i]), b[i+1:], true
+}
+
+func (c *conn) onQuery(n int) error {
+	body, err := c.cr.readBody(n)
+	if err != nil {
+		return err
+	}
+	s := &c.sess
+	sql, rest, ok := cString(body)
+	if !ok || len(rest) != 0 {
+		return c.forwardQuery(body) // malformed: the server reports it
+	}
+	plan, err := c.srv.Rewriter.Plan(sql)
+	if err != nil {
+		return c.refuseQuery(err)
+	}
+	if plan == nil {
+		return c.forwardQuery(body)
+	}
+	if plan.FastPath != nil {
+		if done, err := c.fastPath(plan.FastPath); done || err != nil {
+			return err
+		}
+	}
+	s.mu.Lock()
+	conflict := plan.SessionConflict(s.hasSlotsLocked)
+	var prepared *statement
+	if plan.Execute != nil {
+		prepared = s.statementLocked(plan.Execute.Name)
+	}
+	s.mu.Unlock()
+	if conflict != nil {
+		return c.refuseQuery(conflict)
+	}
+	ids, err := c.planIDs(plan, prepared, noParams)
+	if err != nil {
+		return c.refuseQuery(err)
+	}
+	out := append(plan.AppendLiteral(s.outBuf[:0], ids), 0)
+	s.outBuf = keepSmall(out)
+	s.mu.Lock()
+	cy := s.openLocked()
+	s.cur = nil
+	s.applySQLEffectsLocked(cy, plan)
+	s.mu.Unlock()
+	c.pending.Add(1)
+	return c.send('Q', out)
+}
+
+// forwardQuery sends a Query unchanged.
+func (c *conn) forwardQuery(body []byte) error {
+	s := &c.sess
+	s.mu.Lock()
+	s.openLocked()
+	s.cur = nil
+	s.mu.Unlock()
+	c.pending.Add(1)
+	return c.send('Q', body)
+}
+
+// noParams is the tag lookup of a simple Query, which has no parameters.
+func noParams(param int) (string, error) {
+	return "", &rewrite.Error{Code: "42P02", Message: fmt.Sprintf("there is no parameter $%d", param)}
+}
+
+// planIDs draws one ID per slot of plan and, for an EXECUTE of a statement with hidden
+// parameters, one per slot of that statement. tagOf returns the tag of a leaf_next($n).
+func (c *conn) planIDs(plan *rewrite.Plan, prepared *statement, tagOf func(int) (string, error)) ([]int64, error) {
+	s := &c.sess
+	ids := s.idsBuf[:0]
+	for _, slot := range plan.Slots {
+		id, err := c.slotID(slot, tagOf)
+		if err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
+	}
+	if plan.Execute != nil && prepared != nil {
+		for _, slot := range prepared.slots {
+			id, err := c.slotID(slot, plan.Execute.Tag)
+			if err != nil {
+				return nil, err
+			}
+			ids = append(ids, id)
+		}
+	}
+	s.idsBuf = ids
+	return ids, nil
+}
+
+func (c *conn) slotID(slot rewrite.Slot, tagOf func(int) (string, error)) (int64, error) {
+	var tag string
+	if slot.Kind == rewrite.SlotTagParam {
+		t, err := tagOf(slot.Param)
+		if err != nil {
+			return 0, err
+		}
+		tag = t
+	}
+	id, err := c.nextID(slot, tag)
+	if err != nil {
+		return 0, &idError{err}
+	}
+	return id, nil
+}
+
+// applySQLEffectsLocked records what a SQL-level PREPARE or DEALLOCATE does to the
+// session's statements; a failed cycle undoes it.
+func (s *sessionState) applySQLEffectsLocked(cy *cycle, plan *rewrite.Plan) {
+	if plan.Prepare != nil && len(plan.Prepare.Slots) > 0 {
+		s.setStatementLocked(cy, plan.Prepare.Name, &statement{slots: plan.Prepare.Slots}, 0)
+	}
+	if d := plan.Deallocate; d != nil {
+		if d.All {
+			s.clearStatementsLocked(cy)
+		} else {
+			s.setStatementLocked(cy, d.Name, nil, 0)
+		}
+	}
+}
+
+// fastPath answers a standalone SELECT leaf_next('tag') or leaf_snowflake() itself, with
+// the messages PostgreSQL would send, when nothing is outstanding and the transaction has
+// not failed. It reports false when the query must go to the server instead.
+func (c *conn) fastPath(fp *rewrite.FastPath) (bool, error) {
+	s := &c.sess
+	s.mu.Lock()
+	idle := len(s.queue) == 0 && s.cur == nil
+	s.mu.Unlock()
+	if tx := c.txStatus.Load(); !idle || c.pending.Load() != 0 || tx == 'E' {
+		return false, nil
+	}
+	id, err := c.nextID(fp.Slot, "")
+	if err != nil {
+		return true, c.refuseQuery(&idError{err})
+	}
+	var digits [20]byte
+	value := strconv.AppendInt(digits[:0], id, 10)
+	out := s.outBuf[:0]
+	out, _ = (&pgproto3.RowDescription{Fields: []pgproto3.FieldDescription{{
+		Name: []byte(fp.Column), DataTypeOID: oidInt8, DataTypeSize: 8, TypeModifier: -1, Format: 0,
+	}}}).Encode(out)
+	out, _ = (&pgproto3.DataRow{Values: [][]byte{value}}).Encode(out)
+	out, _ = (&pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")}).Encode(out)
+	s.outBuf = keepSmall(out)
+	c.cwMu.Lock()
+	defer c.cwMu.Unlock()
+	return true, c.writeLocalLocked(out)
+}
+
+// writeLocalLocked sends the proxy's own response and a ReadyForQuery with the current
+// transaction status to the client. The caller holds cwMu.
+func (c *conn) writeLocalLocked(msgs []byte) error {
+	if _, err := c.cw.Write(msgs); err != nil {
+		return err
+	}
+	if err := c.writeClient('Z', []byte{byte(c.txStatus.Load())}); err != nil {
+		return err
+	}
+	return c.cw.Flush()
+}
+
+// refuseQuery answers a Query with an error of the proxy's own, forwarding nothing: at
+// once when nothing is outstanding, else queued behind the outstanding cycles.
+func (c *conn) refuseQuery(err error) error {
+	msg := errorResponse(err)
+	s := &c.sess
+	c.cwMu.Lock()
+	defer c.cwMu.Unlock()
+	s.mu.Lock()
+	if s.cur != nil {
+		// An extended-protocol cycle is open: the client expects one ReadyForQuery for
+		// it and this Query together. Close it at the server with a Sync and put the
+		// error before that Sync's ReadyForQuery.
+		cy := s.cur
+		s.cur = nil
+		if !cy.failed {
+			cy.inject, cy.injectAt = msg, cy.sent
+		}
+		s.mu.Unlock()
+		c.pending.Add(1)
+		return c.send('S', nil)
+	}
+	if len(s.queue) == 0 {
+		s.mu.Unlock()
+		return c.writeLocalLocked(msg)
+	}
+	s.queue = append(s.queue, &cycle{local: msg})
+	s.mu.Unlock()
+	c.pending.Add(1)
+	return nil
+}
+
+// refuseExtended answers an extended-protocol message with an error of the proxy's own
+// and, like the server after an error, ignores the client's messages until Sync. The
+// error reaches the client after the responses to the messages before it.
+func (c *conn) refuseExtended(err error) error {
+	msg := errorResponse(err)
+	s := &c.sess
+	c.cwMu.Lock()
+	defer c.cwMu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.skip = true
+	cy := s.openLocked()
+	if cy.failed {
+		return nil // the server already failed this cycle and skips to Sync itself
+	}
+	if s.headLocked() == cy && cy.answered == cy.sent {
+		_, werr := c.cw.Write(msg)
+		if werr == nil {
+			werr = c.cw.Flush()
+		}
+		return werr
+	}
+	cy.inject, cy.injectAt = msg, cy.sent
+	return nil
+}
+
+// keepSmall returns b for reuse unless it grew past what a session keeps.
+func keepSmall(b []byte) []byte {
+	if cap(b) > keepBufferSize {
+		return nil
+	}
+	return b[:0]
+}
+
+func (c *conn) onDescribe(n int) error {
+	body, err := c.cr.readBody(n)
+	if err != nil {
+		return err
+	}
+	s := &c.sess
+	s.mu.Lock()
+	cy := s.openLocked()
+	cy.sent++
+	if len(body) > 0 && body[0] == 'S' {
+		hidden := 0
+		if name, _, ok := cString(body[1:]); ok {
+			if st := s.statementLocked(name); st != nil {
+				hidden = len(st.slots)
+			}
+		}
+		cy.describes = append(cy.describes, hidden)
+	}
+	s.mu.Unlock()
+	return c.send('D', body)
+}
+
+func (c *conn) onClose(n int) error {
+	body, err := c.cr.readBody(n)
+	if err != nil {
+		return err
+	}
+	s := &c.sess
+	s.mu.Lock()
+	cy := s.openLocked()
+	cy.sent++
+	name, _, ok := cString(body[min(1, len(body)):])
+	if ok && len(body) > 0 && body[0] == 'S' {
+		s.setStatementLocked(cy, name, nil, '3')
+	} else {
+		cy.undo = append(cy.undo, undoEntry{noop: true, confirm: '3'})
+	}
+	s.mu.Unlock()
+	return c.send('C', body)
+}
+
+// be16 reads a big-endian int16 count.
+func be16(b []byte) int { return int(int16(binary.BigEndian.Uint16(b))) }

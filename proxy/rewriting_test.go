@@ -1,0 +1,347 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/leafproxy/leafproxy/internal/testenv"
+	"github.com/leafproxy/leafproxy/rewrite"
+)
+
+// stubIDs hands out predictable IDs: per tag 1000 + 1000*k + n for the tag's index k,
+// snowflakes from 1<<40. Tag "unavailable" fails with SQLSTATE 55000, tag "broken" with
+// an error that has no SQLSTATE.
+type stubIDs struct {
+	mu   sync.Mutex
+	next map[string]int64
+	tags []string
+}
+
+type codedError struct{ code string }
+
+func (e codedError) Error() string    { return "segment for the tag is not loaded" }
+func (e codedError) SQLState() string { return e.code }
+
+func (s *stubIDs) Next(_ context.Context, tag string) (int64, error) {
+	switch tag {
+	case "unavailable":
+		return 0, codedError{"55000"}
+	case "broken":
+		return 0, errors.New("store unreachable")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.next == nil {
+		s.next = make(map[string]int64)
+	}
+	if _, ok := s.next[tag]; !ok {
+		s.tags = append(s.tags, tag)
+		s.next[tag] = int64(1000 * len(s.tags))
+	}
+	s.next[tag]++
+	return s.next[tag], nil
+}
+
+func (s *stubIDs) NextSnowflake(ctx context.Context) (int64, error) {
+	id, err := s.Next(ctx, "\x00snowflake")
+	return 1<<40 + id, err
+}
+
+// rewritingProxy starts a proxy that fills orders.id from tag "order".
+func rewritingProxy(t *testing.T, db string) (*testProxy, *stubIDs) {
+	t.Helper()
+	rw, err := rewrite.New(rewrite.Settings{Fill: []rewrite.FillRule{{Table: "orders", Column: "id", Tag: "order"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := &stubIDs{}
+	p := startProxy(t, db, func(s *Server) {
+		s.Rewriter = rw
+		s.IDs = ids
+	})
+	return p, ids
+}
+
+var allModes = []pgx.QueryExecMode{
+	pgx.QueryExecModeCacheStatement,
+	pgx.QueryExecModeCacheDescribe,
+	pgx.QueryExecModeDescribeExec,
+	pgx.QueryExecModeExec,
+	pgx.QueryExecModeSimpleProtocol,
+}
+
+func connectMode(t *testing.T, url string, mode pgx.QueryExecMode) *pgx.Conn {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.DefaultQueryExecMode = mode
+	conn, err := pgx.ConnectConfig(testContext(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+func TestRewriteLeafNext(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p, _ := rewritingProxy(t, db)
+	for _, mode := range allModes {
+		t.Run(mode.String(), func(t *testing.T) {
+			ctx := testContext(t)
+			conn := connectMode(t, p.url(db), mode)
+			tag := "t_" + strings.ReplaceAll(mode.String(), " ", "_")
+			var first, second int64
+			if err := conn.QueryRow(ctx, fmt.Sprintf("SELECT leaf_next('%s')", tag)).Scan(&first); err != nil {
+				t.Fatal(err)
+			}
+			if err := conn.QueryRow(ctx, "SELECT leaf_next($1)", tag).Scan(&second); err != nil {
+				t.Fatal(err)
+			}
+			if first%1000 != 1 || second != first+1 {
+				t.Fatalf("IDs %d, %d: want the tag's first two", first, second)
+			}
+			var sf int64
+			var label string
+			if err := conn.QueryRow(ctx, "SELECT leaf_snowflake(), $1::text", "x").Scan(&sf, &label); err != nil {
+				t.Fatal(err)
+			}
+			if sf < 1<<40 || label != "x" {
+				t.Fatalf("snowflake %d, label %q", sf, label)
+			}
+		})
+	}
+}
+
+func TestRewriteFastPathMessages(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p, _ := rewritingProxy(t, db)
+	ctx := testContext(t)
+	conn := connect(t, p.url(db))
+	pg := conn.PgConn()
+	results, err := pg.Exec(ctx, "SELECT leaf_next('fast')").ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := results[0]
+	if len(r.FieldDescriptions) != 1 {
+		t.Fatalf("%d columns", len(r.FieldDescriptions))
+	}
+	f := r.FieldDescriptions[0]
+	if f.Name != "leaf_next" || f.DataTypeOID != 20 || f.DataTypeSize != 8 || f.TypeModifier != -1 || f.Format != 0 {
+		t.Fatalf("field %+v", f)
+	}
+	if r.CommandTag.String() != "SELECT 1" || len(r.Rows) != 1 || string(r.Rows[0][0]) != "1001" {
+		t.Fatalf("tag %q rows %q", r.CommandTag, r.Rows)
+	}
+	// Inside a transaction the status is carried through; in a failed one the query goes
+	// to the server, which refuses it.
+	if _, err := pg.Exec(ctx, "BEGIN").ReadAll(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pg.Exec(ctx, "SELECT leaf_next('fast') AS id").ReadAll(); err != nil {
+		t.Fatal(err)
+	}
+	if pg.TxStatus() != 'T' {
+		t.Fatalf("tx status %q inside a transaction", pg.TxStatus())
+	}
+	_, err = pg.Exec(ctx, "SELECT 1/0").ReadAll()
+	wantSQLState(t, err, "22012")
+	_, err = pg.Exec(ctx, "SELECT leaf_next('fast')").ReadAll()
+	wantSQLState(t, err, "25P02")
+	if _, err := pg.Exec(ctx, "ROLLBACK").ReadAll(); err != nil {
+		t.Fatal(err)
+	}
+	// A multi-statement Query is rewritten and forwarded, not answered locally.
+	results, err = pg.Exec(ctx, "SELECT leaf_next('fast'); SELECT 2").ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(results) != 2 || string(results[0].Rows[0][0]) != "1004" {
+		t.Fatalf("results %+v", results)
+	}
+}
+
+func TestRewriteInsertFill(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p, _ := rewritingProxy(t, db)
+	setup := connect(t, db)
+	if _, err := setup.Exec(testContext(t), "CREATE TABLE orders (id int8 PRIMARY KEY, item text NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	seen := make(map[int64]bool)
+	for _, mode := range allModes {
+		t.Run(mode.String(), func(t *testing.T) {
+			ctx := testContext(t)
+			conn := connectMode(t, p.url(db), mode)
+			for i := range 3 {
+				var id int64
+				if err := conn.QueryRow(ctx, "INSERT INTO orders (item) VALUES ($1) RETURNING id", fmt.Sprint("book", i)).Scan(&id); err != nil {
+					t.Fatal(err)
+				}
+				if id <= 1000 || seen[id] {
+					t.Fatalf("id %d: not a fresh ID of tag order", id)
+				}
+				seen[id] = true
+			}
+			// Describe shows the client's parameters only, not the hidden ones.
+			sd, err := conn.Prepare(ctx, "", "INSERT INTO orders (item) VALUES ($1)")
+			if mode != pgx.QueryExecModeSimpleProtocol {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(sd.ParamOIDs) != 1 {
+					t.Fatalf("described %d parameters, want 1", len(sd.ParamOIDs))
+				}
+			}
+		})
+	}
+	t.Run("batch", func(t *testing.T) {
+		ctx := testContext(t)
+		conn := connect(t, p.url(db))
+		batch := &pgx.Batch{}
+		for i := range 100 {
+			batch.Queue("INSERT INTO orders (item) VALUES ($1) RETURNING id", fmt.Sprint("batch", i))
+		}
+		br := conn.SendBatch(ctx, batch)
+		for range 100 {
+			var id int64
+			if err := br.QueryRow().Scan(&id); err != nil {
+				t.Fatal(err)
+			}
+			if seen[id] {
+				t.Fatalf("id %d twice", id)
+			}
+			seen[id] = true
+		}
+		if err := br.Close(); err != nil {
+			t.Fatal(err)
+		}
+	})
+	var n int
+	if err := setup.QueryRow(testContext(t), "SELECT count(DISTINCT id) FROM orders").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != len(seen) {
+		t.Fatalf("%d distinct ids in the table, %d handed out", n, len(seen))
+	}
+}
+
+func TestRewriteErrors(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p, _ := rewritingProxy(t, db)
+	tests := []struct {
+		sql  string
+		code string
+	}{
+		{"SELECT leaf_next('x') FROM generate_series(1, 3)", "0A000"},
+		{"SELECT leaf_next('unavailable')", "55000"},
+		{"SELECT leaf_next('broken')", "58000"},
+		{"SELECT leaf_next('unavailable'), 1", "55000"},
+	}
+	for _, mode := range allModes {
+		t.Run(mode.String(), func(t *testing.T) {
+			ctx := testContext(t)
+			conn := connectMode(t, p.url(db), mode)
+			for _, tt := range tests {
+				_, err := conn.Exec(ctx, tt.sql)
+				pgErr := wantSQLState(t, err, tt.code)
+				if tt.code == "0A000" && pgErr.Hint == "" {
+					t.Errorf("%s: refusal without a hint", tt.sql)
+				}
+				// The session is in step afterwards.
+				var one int
+				if err := conn.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil || one != 1 {
+					t.Fatalf("after %q: %v", tt.sql, err)
+				}
+			}
+		})
+	}
+	t.Run("pipeline", func(t *testing.T) {
+		ctx := testContext(t)
+		conn := connect(t, p.url(db))
+		pl := conn.PgConn().StartPipeline(ctx)
+		pl.SendQueryParams("SELECT 1", nil, nil, nil, nil)
+		pl.SendQueryParams("SELECT leaf_next('x') FROM generate_series(1, 3)", nil, nil, nil, nil)
+		pl.SendQueryParams("SELECT 3", nil, nil, nil, nil)
+		if err := pl.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		pl.SendQueryParams("SELECT 4", nil, nil, nil, nil)
+		if err := pl.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for {
+			res, err := pl.GetResults()
+			if err != nil {
+				var pgErr *pgconn.PgError
+				if !errors.As(err, &pgErr) {
+					t.Fatal(err)
+				}
+				got = append(got, pgErr.Code)
+				continue
+			}
+			if res == nil {
+				break
+			}
+			switch r := res.(type) {
+			case *pgconn.ResultReader:
+				rr := r.Read()
+				if rr.Err != nil {
+					t.Fatal(rr.Err)
+				}
+				got = append(got, string(rr.Rows[0][0]))
+			case *pgconn.PipelineSync:
+				got = append(got, "sync")
+			}
+		}
+		if err := pl.Close(); err != nil {
+			t.Fatal(err)
+		}
+		want := "1 0A000 sync 4 sync"
+		if strings.Join(got, " ") != want {
+			t.Fatalf("pipeline results %q, want %q", strings.Join(got, " "), want)
+		}
+	})
+}
+
+func TestRewriteSQLPrepare(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p, _ := rewritingProxy(t, db)
+	ctx := testContext(t)
+	conn := connectMode(t, p.url(db), pgx.QueryExecModeSimpleProtocol)
+	if _, err := conn.Exec(ctx, "CREATE TABLE orders (id int8 PRIMARY KEY, item text)"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "PREPARE ins AS INSERT INTO orders (item) VALUES ($1) RETURNING id"); err != nil {
+		t.Fatal(err)
+	}
+	var a, b int64
+	if err := conn.QueryRow(ctx, "EXECUTE ins('a')").Scan(&a); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.QueryRow(ctx, "EXECUTE ins('b')").Scan(&b); err != nil {
+		t.Fatal(err)
+	}
+	if a <= 1000 || b != a+1 {
+		t.Fatalf("ids %d, %d", a, b)
+	}
+	if _, err := conn.Exec(ctx, "DEALLOCATE ins"); err != nil {
+		t.Fatal(err)
+	}
+	// A failed PREPARE leaves nothing behind: EXECUTE of the name is the server's error.
+	_, err := conn.Exec(ctx, "PREPARE bad AS INSERT INTO orders (item, nope) VALUES ($1, 1)")
+	wantSQLState(t, err, "42703")
+	_, err = conn.Exec(ctx, "EXECUTE bad('x')")
+	wantSQLState(t, err, "26000")
+}

@@ -1,0 +1,161 @@
+package proxy
+
+import (
+	"sync"
+
+	"github.com/leafproxy/leafproxy/rewrite"
+)
+
+// statement is what the proxy remembers about a prepared statement (protocol-level Parse
+// or SQL PREPARE; PostgreSQL keeps both in one namespace) that has hidden parameters:
+// one trailing int8 parameter per slot, which every Bind or EXECUTE must fill with a fresh
+// ID. Statements without slots are not remembered.
+type statement struct {
+	slots []rewrite.Slot
+}
+
+// undoEntry restores the statement map if the operation that changed it did not happen
+// at the server: PostgreSQL skips everything after an error until Sync.
+type undoEntry struct {
+	name    string
+	prev    *statement // the entry before the change; nil when there was none
+	all     map[string]*statement
+	noop    bool // only marks a completion to expect (Close of a portal or of an unknown name)
+	confirm byte // '1' (ParseComplete) or '3' (CloseComplete) confirms it; 0: the cycle's success does
+}
+
+// cycle is one request cycle: a Query, or the extended-protocol messages up to a Sync. An
+// upstream cycle ends with the upstream's ReadyForQuery; a local cycle is the proxy's own
+// answer (a refusal or the fast path), queued behind earlier upstream cycles so that
+// responses keep their order under pipelining.
+type cycle struct {
+	local []byte // local cycle: the messages to send before ReadyForQuery
+
+	sent     int  // messages forwarded that each end in one terminal response
+	answered int  // terminal responses relayed so far
+	failed   bool // the upstream reported an error in this cycle
+
+	inject   []byte // the proxy's own error for a message it refused...
+	injectAt int    // ...due once this many terminal responses have been relayed
+
+	describes  []int // per Describe of a statement, the hidden parameters to strip
+	paramDescs int   // ParameterDescriptions relayed so far
+
+	undo      []undoEntry
+	confirmed int // undo entries confirmed by ParseComplete/CloseComplete
+}
+
+// sessionState is the rewriting proxy's bookkeeping of one session, shared by the two
+// relay goroutines under mu. Lock order: conn.cwMu before mu.
+type sessionState struct {
+	mu     sync.Mutex
+	stmts  map[string]*statement
+	queue  []*cycle // cycles awaiting their ReadyForQuery, oldest first
+	cur    *cycle   // the open extended-protocol cycle (no Sync yet); also in queue
+	skip   bool     // after a refusal: discard client messages until Sync
+	idsBuf []int64
+	outBuf []byte
+}
+
+// statementLocked returns the statement named name, or nil.
+func (s *sessionState) statementLocked(name string) *statement { return s.stmts[name] }
+
+// setStatementLocked changes the statement map, logging how to undo it in cy.
+func (s *sessionState) setStatementLocked(cy *cycle, name string, st *statement, confirm byte) {
+	prev := s.stmts[name]
+	if prev == nil && st == nil {
+		if confirm != 0 {
+			cy.undo = append(cy.undo, undoEntry{noop: true, confirm: confirm})
+		}
+		return
+	}
+	cy.undo = append(cy.undo, undoEntry{name: name, prev: prev, confirm: confirm})
+	if st == nil {
+		delete(s.stmts, name)
+		return
+	}
+	if s.stmts == nil {
+		s.stmts = make(map[string]*statement)
+	}
+	s.stmts[name] = st
+}
+
+// clearStatementsLocked forgets every statement (DEALLOCATE ALL, DISCARD ALL).
+func (s *sessionState) clearStatementsLocked(cy *cycle) {
+	if len(s.stmts) == 0 {
+		return
+	}
+	cy.undo = append(cy.undo, undoEntry{all: s.stmts})
+	s.stmts = nil
+}
+
+// hasSlotsLocked reports whether the statement name has hidden parameters; "" asks about
+// any statement.
+func (s *sessionState) hasSlotsLocked(name string) bool {
+	if name == "" {
+		return len(s.stmts) > 0
+	}
+	return s.stmts[name] != nil
+}
+
+// confirmLocked marks the next undo entry awaiting this completion message as done.
+func (cy *cycle) confirmLocked(typ byte) {
+	for i := cy.confirmed; i < len(cy.undo); i++ {
+		if cy.undo[i].confirm == typ {
+			// Entries confirmed by success alone that precede it are settled too: the
+			// server got that far.
+			cy.confirmed = i + 1
+			return
+		}
+	}
+}
+
+// settleLocked applies the end of a cycle to the statement map: changes the server did
+// not make are undone, newest first.
+func (s *sessionState) settleLocked(cy *cycle) {
+	if !cy.failed {
+		return
+	}
+	for i := len(cy.undo) - 1; i >= cy.confirmed; i-- {
+		u := cy.undo[i]
+		switch {
+		case u.noop:
+		case u.all != nil:
+			s.stmts = u.all
+		case u.prev == nil:
+			delete(s.stmts, u.name)
+		default:
+			if s.stmts == nil {
+				s.stmts = make(map[string]*statement)
+			}
+			s.stmts[u.name] = u.prev
+		}
+	}
+}
+
+// openLocked returns the open extended-protocol cycle, starting one when there is none.
+func (s *sessionState) openLocked() *cycle {
+	if s.cur == nil {
+		s.cur = &cycle{}
+		s.queue = append(s.queue, s.cur)
+	}
+	return s.cur
+}
+
+// headLocked returns the oldest cycle awaiting an answer, or nil.
+func (s *sessionState) headLocked() *cycle {
+	if len(s.queue) == 0 {
+		return nil
+	}
+	return s.queue[0]
+}
+
+func (s *sessionState) popLocked() *cycle {
+	cy := s.queue[0]
+	s.queue[0] = nil
+	s.queue = s.queue[1:]
+	if len(s.queue) == 0 {
+		s.queue = s.queue[:0:0] // let the backing array go
+	}
+	return cy
+}

@@ -101,6 +101,17 @@ func stringConst(n *pg_query.Node) (string, bool) {
 	return "", false
 }
 
+// paramArg returns the parameter an argument is, possibly cast.
+func paramArg(n *pg_query.Node) *pg_query.ParamRef {
+	switch x := unwrap(n).(type) {
+	case *pg_query.ParamRef:
+		return x
+	case *pg_query.TypeCast:
+		return paramArg(x.Arg)
+	}
+	return nil
+}
+
 // executeStmt records an EXECUTE: its arguments are evaluated once, and the
 // IDs of the prepared statement's slots go after them.
 func (p *planner) executeStmt(s *pg_query.ExecuteStmt, start, end int) {
@@ -110,6 +121,9 @@ func (p *planner) executeStmt(s *pg_query.ExecuteStmt, start, end int) {
 	ex := &Execute{Name: s.Name, Args: make([]Arg, len(s.Params))}
 	for i, a := range s.Params {
 		ex.Args[i].Value, ex.Args[i].String = stringConst(a)
+		if pr := paramArg(a); pr != nil {
+			ex.Args[i].Param = int(pr.Number)
+		}
 	}
 	p.execute = ex
 	p.refs = append(p.refs, SessionRef{Name: s.Name})

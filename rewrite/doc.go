@@ -18,18 +18,38 @@
 //   - Text that pg_query cannot parse is left alone: Plan returns (nil, nil) and
 //     PostgreSQL reports its own syntax error.
 //
-// Decisions worth knowing (also in the README):
+// Decisions worth knowing (also for the README):
 //   - Only unqualified leaf_next/leaf_snowflake are the proxy's; a
 //     schema-qualified call such as public.leaf_next(…) is an ordinary function
 //     call and is forwarded untouched. Quoted names are case-sensitive as in
 //     PostgreSQL ("LEAF_NEXT" is not leaf_next).
+//   - The tag is a non-empty string literal (any quoting, optionally cast to
+//     text/varchar/name) or a parameter $n; anything else is 22023.
 //   - In the literal rendering an ID is written as 1234::int8 so the result
-//     has the type leaf_next would have had; a bare call in a target list
-//     keeps its column name through an added AS "leaf_next".
-//   - An INSERT without a column list into a filled table is refused (0A000):
-//     without the catalog the proxy cannot know the column order.
+//     has the type leaf_next would have had; a call that named a result column
+//     keeps that name through an added AS "leaf_next".
+//   - A SELECT without FROM is refused when its target list also calls a
+//     built-in set-returning function (generate_series, unnest, …); a
+//     user-defined set-returning function cannot be recognised without the
+//     catalog.
+//   - Fill rules: a rule with a Schema matches only names qualified with that
+//     schema, one without matches the table in any schema. An INSERT without a
+//     column list into a filled table is refused (0A000): without the catalog
+//     the proxy cannot know the column order. A key given as a parameter or an
+//     expression passes untouched even if it is NULL at run time; only DEFAULT
+//     and a literal NULL are replaced. COPY … FROM does not fill keys.
+//   - PREPARE name AS <statement with slots> declares the slots as trailing
+//     int8 parameters (PREPARE p (unknown, int8) AS …; a parameter that only
+//     carried a leaf_next tag is declared text), so each EXECUTE appends fresh
+//     IDs as extra arguments.
 //   - PREPARE with slots, EXECUTE, DEALLOCATE and DISCARD ALL carry session
-//     state; in a string of several statements the proxy cannot inject the
-//     IDs of an EXECUTE, so a PREPARE with slots there is refused and the
-//     names are reported in Plan.SessionRefs for the proxy to check.
+//     state. Plan.Prepare, Execute and Deallocate are set only when the string
+//     is that one statement. In a string of several statements a PREPARE with
+//     slots is refused (0A000), and EXECUTE/DEALLOCATE/DISCARD ALL are listed
+//     in Plan.SessionRefs: the proxy forwards the string when none of them
+//     touches a statement with slots (Plan.SessionConflict), and refuses it
+//     otherwise, because it cannot inject IDs into one EXECUTE among several.
+//   - leaf_next($n) in a simple Query has no parameter to read the tag from;
+//     the proxy reports that, the plan only says SlotTagParam.
+//   - Texts longer than 32 KiB are planned on every use rather than cached.
 package rewrite

@@ -105,6 +105,8 @@ func describe(t testing.TB, sql string, p *Plan, err error) *result {
 		for i := range x.Args {
 			if tag, err := x.Tag(i + 1); err == nil {
 				r.Execute += fmt.Sprintf(" $%d=%q", i+1, tag)
+			} else if x.Args[i].Param > 0 {
+				r.Execute += fmt.Sprintf(" $%d=client$%d", i+1, x.Args[i].Param)
 			}
 		}
 	}

@@ -76,11 +76,13 @@ type Execute struct {
 type Arg struct {
 	Value  string // the value of a string literal
 	String bool   // whether the argument is a string literal (possibly cast)
+	Param  int    // n when the argument is the client parameter $n (EXECUTE sent through the extended protocol)
 }
 
 // Tag returns the tag an EXECUTE passes for a SlotTagParam slot of the
 // prepared statement: argument param (1-based) must be a non-empty string
-// literal.
+// literal. When the argument is itself a client parameter (Arg.Param > 0),
+// the tag arrives in Bind and Tag reports 22023; the proxy reads it there.
 func (e *Execute) Tag(param int) (string, error) {
 	if param < 1 || param > len(e.Args) {
 		return "", &Error{Code: CodeInvalidParameter, Message: fmt.Sprintf("EXECUTE %s has no argument $%d for the leaf_next tag", e.Name, param)}

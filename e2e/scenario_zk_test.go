@@ -141,7 +141,8 @@ func waitSessionDropped(t testing.TB, p *Proxy, ens []*testenv.ZooKeeper, timeou
 
 var metricLine = regexp.MustCompile(`(?m)^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? ([0-9.eE+-]+)$`)
 
-// metricSum adds up the samples of every metric whose name contains all the words.
+// metricSum adds up the samples whose name and labels contain all the words
+// (leafproxy_worker_events_total{event="session_expired"} matches "expir").
 func metricSum(t testing.TB, p *Proxy, words ...string) (float64, bool) {
 	t.Helper()
 	status, body, err := p.HTTPGet("/metrics", nil)
@@ -150,7 +151,7 @@ func metricSum(t testing.TB, p *Proxy, words ...string) (float64, bool) {
 	}
 	sum, found := 0.0, false
 	for _, m := range metricLine.FindAllStringSubmatch(body, -1) {
-		name := strings.ToLower(m[1])
+		name := strings.ToLower(m[1] + m[2])
 		ok := true
 		for _, w := range words {
 			ok = ok && strings.Contains(name, w)

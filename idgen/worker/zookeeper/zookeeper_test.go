@@ -1,0 +1,377 @@
+package zookeeper_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+	"github.com/sirupsen/logrus/hooks/test"
+
+	"github.com/leafproxy/leafproxy/idgen/snowflake"
+	"github.com/leafproxy/leafproxy/idgen/worker"
+	"github.com/leafproxy/leafproxy/idgen/worker/zookeeper"
+	"github.com/leafproxy/leafproxy/internal/testenv"
+)
+
+var ctx = context.Background()
+
+// uniqueName gives each test its own tree /snowflake/{name}.
+func uniqueName(t *testing.T) string {
+	b := make([]byte, 6)
+	rand.Read(b)
+	return "leaftest-" + hex.EncodeToString(b)
+}
+
+func settings(t *testing.T, addr, name, port string) zookeeper.Settings {
+	log, _ := test.NewNullLogger()
+	return zookeeper.Settings{Servers: []string{addr}, Name: name, IP: "127.0.0.1", Port: port,
+		CacheDir: t.TempDir(), ConnectTimeout: 5 * time.Second, SessionTimeout: 4 * time.Second, Logger: log}
+}
+
+func newSource(t *testing.T, s zookeeper.Settings) *zookeeper.Source {
+	t.Helper()
+	src, err := zookeeper.New(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return src
+}
+
+func acquire(t *testing.T, src worker.Source) worker.Lease {
+	t.Helper()
+	l, err := src.Acquire(ctx)
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	t.Cleanup(func() { l.Close(ctx) })
+	return l
+}
+
+// rawConn is a plain client for looking at and preparing the tree.
+func rawConn(t *testing.T, addr string) *zk.Conn {
+	t.Helper()
+	c, _, err := zk.Connect([]string{addr}, 4*time.Second, zk.WithLogInfo(false), zk.WithLogger(nopLogger{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+type nopLogger struct{}
+
+func (nopLogger) Printf(string, ...any) {}
+
+func forever(name string) string { return "/snowflake/" + name + "/forever" }
+
+// addNode creates a Leaf node for ip:port the way Leaf does, with the given timestamp.
+func addNode(t *testing.T, c *zk.Conn, name, key string, ts int64) string {
+	t.Helper()
+	p := ""
+	for _, part := range strings.Split(strings.TrimPrefix(forever(name), "/"), "/") {
+		p += "/" + part
+		if _, err := c.Create(p, nil, 0, zk.WorldACL(zk.PermAll)); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+			t.Fatal(err)
+		}
+	}
+	ip, port, _ := strings.Cut(key, ":")
+	data := fmt.Sprintf(`{"ip":%q,"port":%q,"timestamp":%d}`, ip, port, ts)
+	created, err := c.Create(forever(name)+"/"+key+"-", []byte(data), zk.FlagSequence, zk.WorldACL(zk.PermAll))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return created
+}
+
+type leafData struct {
+	IP        string `json:"ip"`
+	Port      string `json:"port"`
+	Timestamp int64  `json:"timestamp"`
+}
+
+func readNode(t *testing.T, c *zk.Conn, p string) leafData {
+	t.Helper()
+	b, _, err := c.Get(p)
+	if err != nil {
+		t.Fatalf("get %s: %v", p, err)
+	}
+	var d leafData
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatalf("node %s holds %q: %v", p, b, err)
+	}
+	return d
+}
+
+func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestNewValidates(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		s    zookeeper.Settings
+	}{
+		{"no servers", zookeeper.Settings{Name: "a", Port: "1"}},
+		{"no name", zookeeper.Settings{Servers: []string{"x:1"}, Port: "1"}},
+		{"slash in name", zookeeper.Settings{Servers: []string{"x:1"}, Name: "a/b", Port: "1"}},
+		{"no port", zookeeper.Settings{Servers: []string{"x:1"}, Name: "a"}},
+	} {
+		if _, err := zookeeper.New(tc.s); err == nil {
+			t.Errorf("%s: New succeeded", tc.name)
+		}
+	}
+}
+
+func TestDifferentPortsGetDifferentIDs(t *testing.T) {
+	addr, name := testenv.ZooKeeperAddr(t), uniqueName(t)
+	a := acquire(t, newSource(t, settings(t, addr, name, "7001")))
+	b := acquire(t, newSource(t, settings(t, addr, name, "7002")))
+	if a.WorkerID() == b.WorkerID() {
+		t.Fatalf("both ports got worker %d", a.WorkerID())
+	}
+	children, _, err := rawConn(t, addr).Children(forever(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sort.Strings(children)
+	want := []string{fmt.Sprintf("127.0.0.1:7001-%010d", a.WorkerID()), fmt.Sprintf("127.0.0.1:7002-%010d", b.WorkerID())}
+	sort.Strings(want)
+	if strings.Join(children, ",") != strings.Join(want, ",") {
+		t.Fatalf("nodes %v, want %v", children, want)
+	}
+}
+
+func TestRestartReusesNodeAndRecordsTimestamp(t *testing.T) {
+	addr, name := testenv.ZooKeeperAddr(t), uniqueName(t)
+	s := settings(t, addr, name, "7001")
+	s.ReportInterval = 50 * time.Millisecond
+	raw := rawConn(t, addr)
+	addNode(t, raw, name, "127.0.0.1:6999", 0) // someone else first
+
+	first, err := newSource(t, s).Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := fmt.Sprintf("%s/127.0.0.1:7001-%010d", forever(name), first.WorkerID())
+	mark := time.Now().UnixMilli() - 10
+	first.Record(mark)
+	waitUntil(t, 5*time.Second, "the periodic report", func() bool { return readNode(t, raw, node).Timestamp == mark })
+	if d := readNode(t, raw, node); d.IP != "127.0.0.1" || d.Port != "7001" {
+		t.Fatalf("node data %+v, want Leaf's ip/port/timestamp", d)
+	}
+	if err := first.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	again := acquire(t, newSource(t, s))
+	if again.WorkerID() != first.WorkerID() || again.HighWater() != mark {
+		t.Fatalf("restart: worker %d high-water %d, want %d and %d", again.WorkerID(), again.HighWater(), first.WorkerID(), mark)
+	}
+	if children, _, _ := raw.Children(forever(name)); len(children) != 2 {
+		t.Fatalf("restart created a node: %v", children)
+	}
+}
+
+func TestStoredTimestampInTheFutureFailsStart(t *testing.T) {
+	addr, name := testenv.ZooKeeperAddr(t), uniqueName(t)
+	addNode(t, rawConn(t, addr), name, "127.0.0.1:7001", time.Now().Add(time.Hour).UnixMilli())
+	_, err := newSource(t, settings(t, addr, name, "7001")).Acquire(ctx)
+	if !errors.Is(err, worker.ErrClockBehind) {
+		t.Fatalf("Acquire = %v, want ErrClockBehind", err)
+	}
+}
+
+func TestFirstStartTakesTheSequenceNumber(t *testing.T) {
+	addr, name := testenv.ZooKeeperAddr(t), uniqueName(t)
+	raw := rawConn(t, addr)
+	for i := 0; i < 3; i++ {
+		addNode(t, raw, name, fmt.Sprintf("10.0.0.%d:8080", i+1), 0)
+	}
+	l := acquire(t, newSource(t, settings(t, addr, name, "7001")))
+	if l.WorkerID() != 3 {
+		t.Fatalf("first start got worker %d, want its sequence number 3 (Leaf's bug gives 0)", l.WorkerID())
+	}
+	if _, _, err := raw.Get(fmt.Sprintf("%s/127.0.0.1:7001-%010d", forever(name), 3)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestConcurrentStartsOnAFreshTree(t *testing.T) {
+	addr, name := testenv.ZooKeeperAddr(t), uniqueName(t)
+	const n = 8
+	ids := make([]int, n)
+	errs := make([]error, n)
+	sources := make([]*zookeeper.Source, n)
+	for i := range sources {
+		sources[i] = newSource(t, settings(t, addr, name, fmt.Sprint(7100+i)))
+	}
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i, src := range sources {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			l, err := src.Acquire(ctx)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			ids[i] = int(l.WorkerID())
+			l.Close(ctx)
+		}()
+	}
+	close(start)
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	sort.Ints(ids)
+	for i, id := range ids {
+		if id != i {
+			t.Fatalf("worker IDs %v, want 0..%d each exactly once", ids, n-1)
+		}
+	}
+}
+
+func TestSequenceBeyondTheLastWorkerIDFails(t *testing.T) {
+	addr, name := testenv.ZooKeeperAddr(t), uniqueName(t)
+	raw := rawConn(t, addr)
+	for i := 0; i < 4; i++ {
+		addNode(t, raw, name, fmt.Sprintf("10.0.0.%d:8080", i+1), 0)
+	}
+	s := settings(t, addr, name, "7001")
+	s.MaxWorkerID = 3 // as with 2 worker bits; 1023 behaves the same with 1,024 nodes
+	_, err := newSource(t, s).Acquire(ctx)
+	if !errors.Is(err, worker.ErrExhausted) {
+		t.Fatalf("Acquire with sequence 4 > 3 = %v, want ErrExhausted", err)
+	}
+	t.Logf("error: %v", err)
+	if children, _, _ := raw.Children(forever(name)); len(children) != 4 {
+		t.Fatalf("the useless node was left behind: %v", children)
+	}
+}
+
+func TestCacheFileWhenZooKeeperIsDown(t *testing.T) {
+	z := testenv.NewZooKeeper(t)
+	name := uniqueName(t)
+	s := settings(t, z.Addr(), name, "7001")
+	s.ConnectTimeout = time.Second
+	s.ReportInterval = 50 * time.Millisecond
+	first := acquire(t, newSource(t, s))
+	mark := time.Now().UnixMilli() - 5
+	first.Record(mark)
+	if err := first.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cache := filepath.Join(s.CacheDir, name, "leafconf", "7001", "workerID.properties")
+	if b, err := os.ReadFile(cache); err != nil || string(b) != fmt.Sprintf("workerID=%d\ntimestamp=%d\n", first.WorkerID(), mark) {
+		t.Fatalf("cache file %q, %v", b, err)
+	}
+	z.Stop()
+
+	other := s
+	other.Port = "7002"
+	if _, err := newSource(t, other).Acquire(ctx); !errors.Is(err, worker.ErrUnreachable) {
+		t.Fatalf("without ZooKeeper and cache file: %v, want ErrUnreachable", err)
+	}
+
+	future := s
+	future.CacheDir = t.TempDir()
+	futureFile := filepath.Join(future.CacheDir, name, "leafconf", "7001", "workerID.properties")
+	os.MkdirAll(filepath.Dir(futureFile), 0o755)
+	os.WriteFile(futureFile, []byte(fmt.Sprintf("workerID=5\ntimestamp=%d\n", time.Now().Add(time.Hour).UnixMilli())), 0o644)
+	if _, err := newSource(t, future).Acquire(ctx); !errors.Is(err, worker.ErrClockBehind) {
+		t.Fatalf("cache file with a future timestamp: %v, want ErrClockBehind", err)
+	}
+
+	cached := acquire(t, newSource(t, s))
+	if cached.WorkerID() != first.WorkerID() || cached.HighWater() != mark {
+		t.Fatalf("from the cache file: worker %d high-water %d, want %d and %d", cached.WorkerID(), cached.HighWater(), first.WorkerID(), mark)
+	}
+
+	// When ZooKeeper comes back, the lease finds its node and reports resume.
+	if err := z.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	later := time.Now().UnixMilli()
+	cached.Record(later)
+	node := fmt.Sprintf("%s/127.0.0.1:7001-%010d", forever(name), first.WorkerID())
+	raw := rawConn(t, z.Addr())
+	waitUntil(t, 20*time.Second, "reports to resume after ZooKeeper came back", func() bool {
+		return readNode(t, raw, node).Timestamp == later
+	})
+}
+
+// An outage long enough to expire the session does not stop issue; afterwards the client
+// makes a new session and the reports resume.
+func TestSessionExpiryKeepsIssuing(t *testing.T) {
+	addr, name := testenv.ZooKeeperAddr(t), uniqueName(t)
+	proxy := newCutProxy(t, addr)
+	s := settings(t, proxy.Addr(), name, "7001")
+	s.SessionTimeout = 2 * time.Second
+	s.ReportInterval = 100 * time.Millisecond
+	var expired, reconnected, reportErrors atomic.Int32
+	s.Hooks = worker.Hooks{
+		OnSessionExpired: func(int64) { expired.Add(1) },
+		OnReconnect:      func(int64) { reconnected.Add(1) },
+		OnReportError:    func(int64, error) { reportErrors.Add(1) },
+	}
+	log, _ := test.NewNullLogger()
+	e, err := snowflake.New(snowflake.Settings{Source: newSource(t, s), Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close(ctx)
+	next := func() int64 {
+		t.Helper()
+		id, err := e.Next(ctx, "")
+		if err != nil {
+			t.Fatalf("Next during the outage: %v", err)
+		}
+		return id
+	}
+	next()
+
+	proxy.setCut(true)
+	// Keep issuing for twice the session timeout, so the server expires the session.
+	for end := time.Now().Add(2 * s.SessionTimeout); time.Now().Before(end); {
+		next()
+		time.Sleep(5 * time.Millisecond) // pacing, not waiting for a condition
+	}
+	if reportErrors.Load() == 0 {
+		t.Fatal("no failed report during the outage")
+	}
+	proxy.setCut(false)
+	waitUntil(t, 20*time.Second, "a new session after expiry", func() bool {
+		return expired.Load() > 0 && reconnected.Load() > 0
+	})
+	last := e.Decompose(next()).Millis
+	node := fmt.Sprintf("%s/127.0.0.1:7001-%010d", forever(name), e.Info().WorkerID)
+	raw := rawConn(t, addr)
+	waitUntil(t, 10*time.Second, "reports to resume", func() bool { return readNode(t, raw, node).Timestamp >= last })
+}

@@ -257,3 +257,44 @@ func TestWaitingCallersShareOneLoad(t *testing.T) {
 		t.Fatalf("%d allocations for %d waiting callers, want one (plus at most one preload)", n, callers)
 	}
 }
+
+func TestSnapshot(t *testing.T) {
+	store := newFakeStore()
+	store.addTag("a", 100, 1000)
+	store.addTag("b", 10, 0)
+	clock := newFakeClock()
+	e := startEngine(t, store, segment.Settings{MaxStep: 150, Now: clock.Now})
+
+	if got := e.Snapshot(); len(got) != 2 || got[0].Tag != "a" || got[1].Tag != "b" || got[0].Initialized {
+		t.Fatalf("snapshot before any Next: %+v", got)
+	}
+	for range 10 {
+		mustNext(t, e, "a") // 1001..1010: below the threshold (the 11th starts the preload)
+	}
+	s := snapshotOf(t, e, "a")
+	want := segment.TagSnapshot{
+		Tag: "a", Initialized: true, Pos: 0, Step: 100, MinStep: 100, Loads: 1, LastLoad: clock.Now(),
+		Buffers: [2]segment.SegmentSnapshot{{Start: 1001, Max: 1100, Value: 1011, Step: 100, Idle: 90, LoadedAt: clock.Now()}},
+	}
+	if s != want {
+		t.Fatalf("after 10 IDs:\n got %+v\nwant %+v", s, want)
+	}
+
+	clock.Advance(time.Minute)
+	mustNext(t, e, "a") // 1011 starts the preload of a doubled step, capped at MaxStep
+	eventually(t, "the preload", func() bool { return snapshotOf(t, e, "a").NextReady })
+	for range 90 {
+		mustNext(t, e, "a") // 1012..1100, then 1101 from the next buffer
+	}
+	s = snapshotOf(t, e, "a")
+	want = segment.TagSnapshot{
+		Tag: "a", Initialized: true, Pos: 1, Step: 150, MinStep: 100, Loads: 2, LastLoad: clock.Now(),
+		Buffers: [2]segment.SegmentSnapshot{
+			{Start: 1001, Max: 1100, Value: 1101, Step: 100, Idle: 0, LoadedAt: clock.Now().Add(-time.Minute)},
+			{Start: 1101, Max: 1250, Value: 1102, Step: 150, Idle: 149, LoadedAt: clock.Now()},
+		},
+	}
+	if s != want {
+		t.Fatalf("after switching:\n got %+v\nwant %+v", s, want)
+	}
+}

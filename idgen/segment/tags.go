@@ -86,7 +86,7 @@ func (e *Engine) refreshLoop() {
 		case <-t.C:
 		}
 		ctx, cancel := context.WithTimeout(e.ctx, e.loadTimeout)
-		if err := e.Refresh(ctx); err != nil {
+		if err := e.Refresh(ctx); err != nil && e.state.Load() == stateRunning {
 			e.log.WithError(err).Warn("reloading the tag list failed; keeping the old one")
 		}
 		cancel()

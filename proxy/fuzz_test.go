@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/leafproxy/leafproxy/rewrite"
 )
 
 // startupPacket encodes a protocol 3.0 StartupMessage.
@@ -45,33 +47,50 @@ func FuzzClientStream(f *testing.F) {
 	f.Add([]byte{0, 0, 0, 8, 0, 2, 0, 0})                                 // protocol 2
 
 	up := startFakeUpstream(f, false)
-	p := startProxy(f, "postgres://postgres@"+up.addr()+"/postgres", func(s *Server) {
+	upstream := "postgres://postgres@" + up.addr() + "/postgres"
+	limits := func(s *Server) {
 		s.StartupTimeout = 2 * time.Second
 		s.MaxMessageSize = 1 << 20
-	})
+	}
+	rw, err := rewrite.New(rewrite.Settings{Fill: []rewrite.FillRule{{Table: "orders", Column: "id", Tag: "order"}}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	proxies := []*testProxy{
+		startProxy(f, upstream, limits),
+		startProxy(f, upstream, limits, func(s *Server) { s.Rewriter, s.IDs = rw, &stubIDs{} }),
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		c, err := net.Dial("tcp", p.addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-		done := make(chan error, 1)
-		go func() {
-			// Read concurrently: the proxy may answer (or refuse) before all is sent.
-			_, err := io.Copy(io.Discard, c)
-			done <- err
-		}()
-		if _, err := c.Write(data); err == nil {
-			_ = c.(*net.TCPConn).CloseWrite()
-		}
-		// A reset is a valid way for the proxy to end the connection; a timeout is not.
-		var ne net.Error
-		if err := <-done; errors.As(err, &ne) && ne.Timeout() {
-			t.Fatalf("the proxy did not close the connection: %v", err)
-		}
-		if !waitIdle(p.srv, 10*time.Second) {
-			t.Fatal("the proxy still holds the connection")
+		for _, p := range proxies {
+			fuzzOne(t, p, data)
 		}
 	})
+}
+
+// fuzzOne sends data as a client stream to p and checks that the connection ends.
+func fuzzOne(t *testing.T, p *testProxy, data []byte) {
+	t.Helper()
+	c, err := net.Dial("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	done := make(chan error, 1)
+	go func() {
+		// Read concurrently: the proxy may answer (or refuse) before all is sent.
+		_, err := io.Copy(io.Discard, c)
+		done <- err
+	}()
+	if _, err := c.Write(data); err == nil {
+		_ = c.(*net.TCPConn).CloseWrite()
+	}
+	// A reset is a valid way for the proxy to end the connection; a timeout is not.
+	var ne net.Error
+	if err := <-done; errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("the proxy did not close the connection: %v", err)
+	}
+	if !waitIdle(p.srv, 10*time.Second) {
+		t.Fatal("the proxy still holds the connection")
+	}
 }

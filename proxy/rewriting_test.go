@@ -345,3 +345,61 @@ func TestRewriteSQLPrepare(t *testing.T) {
 	_, err = conn.Exec(ctx, "EXECUTE bad('x')")
 	wantSQLState(t, err, "26000")
 }
+
+// TestRewritingPassThrough runs ordinary traffic through a rewriting proxy: the session
+// bookkeeping must not disturb what it does not rewrite.
+func TestRewritingPassThrough(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p, _ := rewritingProxy(t, db)
+	url := p.url(db)
+	if out, err := runTool(t, "pgbench", "-i", "-s", "1", "-q", url); err != nil {
+		t.Fatalf("pgbench -i: %v\n%s", err, out)
+	}
+	for _, mode := range []string{"simple", "extended", "prepared"} {
+		t.Run("pgbench "+mode, func(t *testing.T) {
+			out, err := runTool(t, "pgbench", "-n", "-M", mode, "-c", "4", "-j", "2", "-t", "100", url)
+			if err != nil {
+				t.Fatalf("pgbench: %v\n%s", err, out)
+			}
+			if m := pgbenchProcessed.FindStringSubmatch(out); m == nil || m[1] != "400" {
+				t.Fatalf("pgbench did not process 400 transactions:\n%s", out)
+			}
+		})
+	}
+	t.Run("copy and statements", func(t *testing.T) {
+		ctx := testContext(t)
+		conn := connect(t, url)
+		if _, err := conn.Exec(ctx, "CREATE TABLE plain (id int8, name text)"); err != nil {
+			t.Fatal(err)
+		}
+		n, err := conn.CopyFrom(ctx, pgx.Identifier{"plain"}, []string{"id", "name"},
+			pgx.CopyFromSlice(10000, func(i int) ([]any, error) { return []any{int64(i), "x"}, nil }))
+		if err != nil || n != 10000 {
+			t.Fatalf("CopyFrom: %d rows, %v", n, err)
+		}
+		// Statements with and without hidden parameters side by side, closed and
+		// re-prepared under the same names.
+		for i := range 3 {
+			if _, err := conn.Prepare(ctx, "s1", "SELECT count(*) FROM plain WHERE id > $1"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := conn.Prepare(ctx, "s2", "SELECT leaf_next('plain'), $1::int"); err != nil {
+				t.Fatal(err)
+			}
+			var count, id int64
+			var echo int
+			if err := conn.QueryRow(ctx, "s1", 9000).Scan(&count); err != nil || count != 999 {
+				t.Fatalf("round %d: count %d, %v", i, count, err)
+			}
+			if err := conn.QueryRow(ctx, "s2", 7).Scan(&id, &echo); err != nil || echo != 7 || id <= 1000 {
+				t.Fatalf("round %d: id %d echo %d, %v", i, id, echo, err)
+			}
+			if err := conn.Deallocate(ctx, "s1"); err != nil {
+				t.Fatal(err)
+			}
+			if err := conn.Deallocate(ctx, "s2"); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}

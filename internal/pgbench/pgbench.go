@@ -10,6 +10,7 @@ package pgbench
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -17,6 +18,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -46,6 +48,9 @@ type Config struct {
 	Duration time.Duration // per run (-T)
 	Clients  []int         // client counts (-c), one row each
 	Modes    []string      // protocol modes (-M); nil means Modes
+	// Rounds repeats each row this many times, endpoints interleaved, and reports the
+	// median TPS, so that a noisy machine skews every endpoint alike (default 1).
+	Rounds int
 	Log      func(format string, args ...any)
 }
 
@@ -82,26 +87,45 @@ func Run(ctx context.Context, cfg Config, groups []Group) ([]Result, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
+	rounds := max(cfg.Rounds, 1)
 	var results []Result
 	for _, g := range groups {
 		for _, mode := range modes {
 			for _, clients := range cfg.Clients {
-				for _, e := range g.Endpoints {
-					r, err := runOne(ctx, bin, dir, cfg.Duration, e, mode, clients)
-					if err != nil {
-						return results, fmt.Errorf("%s/%s/%s/%d clients: %w", g.Name, e.Name, mode, clients, err)
+				runs := make([][]Result, len(g.Endpoints))
+				for range rounds {
+					for i, e := range g.Endpoints {
+						r, err := runOne(ctx, bin, dir, cfg.Duration, e, mode, clients)
+						if err != nil {
+							return results, fmt.Errorf("%s/%s/%s/%d clients: %w", g.Name, e.Name, mode, clients, err)
+						}
+						r.Group = g.Name
+						runs[i] = append(runs[i], r)
+						if cfg.Log != nil {
+							cfg.Log("%-12s %-9s %2d clients %-10s %10.0f tps (%d failed)",
+								g.Name, mode, clients, e.Name, r.TPS, r.Failed)
+						}
 					}
-					r.Group = g.Name
-					results = append(results, r)
-					if cfg.Log != nil {
-						cfg.Log("%-12s %-9s %2d clients %-10s %10.0f tps (%d failed)",
-							g.Name, mode, clients, e.Name, r.TPS, r.Failed)
-					}
+				}
+				for _, rs := range runs {
+					results = append(results, median(rs))
 				}
 			}
 		}
 	}
 	return results, nil
+}
+
+// median returns the run with the median TPS, its failures summed over all runs.
+func median(rs []Result) Result {
+	sorted := slices.Clone(rs)
+	slices.SortFunc(sorted, func(a, b Result) int { return cmp.Compare(a.TPS, b.TPS) })
+	m := sorted[len(sorted)/2]
+	m.Failed = 0
+	for _, r := range rs {
+		m.Failed += r.Failed
+	}
+	return m
 }
 
 func runOne(ctx context.Context, bin, dir string, d time.Duration, e Endpoint, mode string, clients int) (Result, error) {

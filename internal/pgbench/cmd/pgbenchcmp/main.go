@@ -3,7 +3,7 @@
 // `pgbench -S` (select-only) against the server directly, through the proxy and through
 // PgBouncer, in every protocol mode, printing a markdown table of TPS and ratios to direct.
 //
-//	go run ./internal/pgbench/cmd/pgbenchcmp -url postgres://postgres@127.0.0.1:5432/postgres -T 10
+//	go run ./internal/pgbench/cmd/pgbenchcmp -url postgres://postgres@127.0.0.1:5432/postgres -T 10s -rounds 3
 package main
 
 import (
@@ -43,6 +43,7 @@ func run() error {
 	clientList := flag.String("c", "1,8", "comma-separated client counts")
 	modeList := flag.String("M", strings.Join(pgbench.Modes, ","), "comma-separated protocol modes")
 	scale := flag.Int("s", 10, "pgbench scale factor of the test database")
+	rounds := flag.Int("rounds", 3, "runs per row, endpoints interleaved; the median is reported")
 	noBouncer := flag.Bool("no-pgbouncer", false, "leave PgBouncer out")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (the proxy's relay) to this file")
 	flag.Parse()
@@ -103,6 +104,7 @@ func run() error {
 		Duration: *duration,
 		Clients:  clients,
 		Modes:    strings.Split(*modeList, ","),
+		Rounds:   *rounds,
 		Log:      func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) },
 	}, groups)
 	fmt.Print(pgbench.Table(groups, results))

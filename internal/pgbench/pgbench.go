@@ -51,7 +51,7 @@ type Config struct {
 	// Rounds repeats each row this many times, endpoints interleaved, and reports the
 	// median TPS, so that a noisy machine skews every endpoint alike (default 1).
 	Rounds int
-	Log      func(format string, args ...any)
+	Log    func(format string, args ...any)
 }
 
 // Result is the outcome of one pgbench run.

@@ -61,3 +61,24 @@ func BenchmarkNextParallel(b *testing.B) {
 	})
 	reportRate(b, e, start)
 }
+
+// BenchmarkNextCost measures one ID without the waits for the next millisecond: a layout
+// with 20 sequence bits never runs out within a millisecond at this speed.
+func BenchmarkNextCost(b *testing.B) {
+	log, _ := quietLogger()
+	e, err := snowflake.New(snowflake.Settings{Source: worker.Static{ID: 1}, Logger: log,
+		Layout: snowflake.Layout{TimeBits: 41, WorkerBits: 2, SequenceBits: 20}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := e.Start(ctx); err != nil {
+		b.Fatal(err)
+	}
+	defer e.Close(ctx)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := e.Next(ctx, ""); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

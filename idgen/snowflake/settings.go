@@ -81,7 +81,7 @@ type Clock interface {
 	Now() time.Time
 	// Since returns the time elapsed since t, a reading of Now. The engine calls it for
 	// every ID: the system clock answers it from the monotonic clock alone, which costs
-	// half of Now.
+	// half of Now. It must equal Now().Sub(t).
 	Since(t time.Time) time.Duration
 	// Sleep waits for d or until ctx is done, whichever comes first.
 	Sleep(ctx context.Context, d time.Duration) error

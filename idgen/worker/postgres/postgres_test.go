@@ -346,3 +346,38 @@ func TestHolderThatCannotRenewStopsIssuing(t *testing.T) {
 		t.Fatalf("after the outage: ID %d (before %d), regained %d", after, before, regained.Load())
 	}
 }
+
+// When another process took the row over (it expired while we were cut off), the lease is
+// lost for good: the engine refuses IDs and acquires another worker ID by itself.
+func TestTakenOverLeaseIsReplaced(t *testing.T) {
+	pool := newPool(t, leaseDB(t))
+	var lost, acquired atomic.Int32
+	src := newSource(t, pool, postgres.Settings{TTL: 2 * time.Second, RenewInterval: 100 * time.Millisecond})
+	log, _ := test.NewNullLogger()
+	e := startEngine(t, snowflake.Settings{Source: src, Logger: log, RetryBackoff: 50 * time.Millisecond,
+		Hooks: snowflake.Hooks{
+			OnWorkerLost:     func(int64) { lost.Add(1) },
+			OnWorkerAcquired: func(int64) { acquired.Add(1) },
+		}})
+	before, err := e.Next(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What a claimer does with an expired row: it becomes someone else's.
+	if _, err := pool.Exec(ctx, `UPDATE leaf_worker_lease SET holder = 'intruder', expires_at = now() + interval '1 hour' WHERE worker_id = 0`); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 5*time.Second, "the engine to take another worker ID", func() bool {
+		return lost.Load() == 1 && acquired.Load() == 2 && e.Info().Held
+	})
+	after, err := e.Next(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := e.Decompose(after).Worker; w != 1 || after <= before {
+		t.Fatalf("after the takeover: ID %d on worker %d, want worker 1", after, w)
+	}
+	if r := readRow(t, pool, 0); r.holder == nil || *r.holder != "intruder" {
+		t.Fatalf("the intruder's row was touched: %+v", r)
+	}
+}

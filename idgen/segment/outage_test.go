@@ -16,12 +16,12 @@ import (
 const failFast = time.Second
 
 // nextWithin calls Next with a generous deadline and reports how long it took.
-func nextWithin(e *segment.Engine, tag string) (int64, error, time.Duration) {
+func nextWithin(e *segment.Engine, tag string) (int64, time.Duration, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	began := time.Now()
 	id, err := e.Next(ctx, tag)
-	return id, err, time.Since(began)
+	return id, time.Since(began), err
 }
 
 func TestStoreOutage(t *testing.T) {
@@ -56,7 +56,7 @@ func TestStoreOutage(t *testing.T) {
 
 			// Everything buffered keeps coming, in order.
 			for last < buffered {
-				id, err, _ := nextWithin(e, "t")
+				id, _, err := nextWithin(e, "t")
 				if err != nil {
 					t.Fatalf("Next with %d buffered: %v", buffered-last, err)
 				}
@@ -67,7 +67,7 @@ func TestStoreOutage(t *testing.T) {
 			}
 			// Then it fails fast, every time.
 			for range 5 {
-				_, err, took := nextWithin(e, "t")
+				_, took, err := nextWithin(e, "t")
 				if !errors.Is(err, idgen.ErrUnavailable) || !errors.Is(err, errStoreDown) {
 					t.Fatalf("Next with the buffers empty: %v, want ErrUnavailable wrapping the store error", err)
 				}
@@ -87,7 +87,7 @@ func TestStoreOutage(t *testing.T) {
 			var id int64
 			eventually(t, "recovery", func() bool {
 				var err error
-				id, err, _ = nextWithin(e, "t")
+				id, _, err = nextWithin(e, "t")
 				return err == nil
 			})
 			if id <= last {
@@ -111,7 +111,7 @@ func TestFirstLoadFailsThenRecovers(t *testing.T) {
 		}
 	}}})
 	store.setErr(errStoreDown)
-	_, err, took := nextWithin(e, "t")
+	_, took, err := nextWithin(e, "t")
 	if !errors.Is(err, idgen.ErrUnavailable) {
 		t.Fatalf("first Next with the store down: %v, want ErrUnavailable", err)
 	}
@@ -120,7 +120,7 @@ func TestFirstLoadFailsThenRecovers(t *testing.T) {
 	}
 	eventually(t, "retries in the background", func() bool { return failed.Load() >= 3 })
 	store.setErr(nil)
-	eventually(t, "recovery", func() bool { _, err, _ := nextWithin(e, "t"); return err == nil })
+	eventually(t, "recovery", func() bool { _, _, err := nextWithin(e, "t"); return err == nil })
 	if loads.Load() <= failed.Load() {
 		t.Fatalf("OnLoad saw %d loads, %d failed: no success recorded", loads.Load(), failed.Load())
 	}

@@ -298,7 +298,7 @@ func TestPostgresOutage(t *testing.T) {
 	}
 
 	for last < buffered {
-		id, err, _ := nextWithin(e, "t")
+		id, _, err := nextWithin(e, "t")
 		if err != nil {
 			t.Fatalf("Next with %d IDs buffered: %v", buffered-last, err)
 		}
@@ -308,7 +308,7 @@ func TestPostgresOutage(t *testing.T) {
 		last = id
 	}
 	for i := range 3 {
-		_, err, took := nextWithin(e, "t")
+		_, took, err := nextWithin(e, "t")
 		if !errors.Is(err, idgen.ErrUnavailable) {
 			t.Fatalf("Next %d with the buffers empty and the server down: %v, want ErrUnavailable", i, err)
 		}
@@ -323,7 +323,7 @@ func TestPostgresOutage(t *testing.T) {
 	var id int64
 	eventually(t, "recovery", func() bool {
 		var err error
-		id, err, _ = nextWithin(e, "t")
+		id, _, err = nextWithin(e, "t")
 		return err == nil
 	})
 	if id <= last {

@@ -52,6 +52,9 @@ func New(s Settings) (*Rewriter, error) {
 		if f.Table == "" || f.Column == "" || f.Tag == "" {
 			return nil, fmt.Errorf("rewrite: fill rule %+v needs a table, a column and a tag", f)
 		}
+		if len(f.Schema) > maxIdentLen || len(f.Table) > maxIdentLen || len(f.Column) > maxIdentLen {
+			return nil, fmt.Errorf("rewrite: fill rule %s has a name longer than PostgreSQL's %d bytes", ruleName(f), maxIdentLen)
+		}
 		key := [3]string{f.Schema, f.Table, f.Column}
 		if seen[key] {
 			return nil, fmt.Errorf("rewrite: fill rule for %s is given twice", ruleName(f))

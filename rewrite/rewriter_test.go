@@ -21,6 +21,7 @@ func TestNewValidates(t *testing.T) {
 		{"rule without column", Settings{Fill: []FillRule{{Table: "t", Tag: "t"}}}, false},
 		{"rule without tag", Settings{Fill: []FillRule{{Table: "t", Column: "id"}}}, false},
 		{"duplicate rule", Settings{Fill: []FillRule{{Table: "t", Column: "id", Tag: "a"}, {Table: "t", Column: "id", Tag: "b"}}}, false},
+		{"name longer than 63 bytes", Settings{Fill: []FillRule{{Table: strings.Repeat("t", 64), Column: "id", Tag: "t"}}}, false},
 		{"same column in two schemas", Settings{Fill: []FillRule{{Schema: "a", Table: "t", Column: "id", Tag: "a"}, {Schema: "b", Table: "t", Column: "id", Tag: "b"}}}, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -3,6 +3,7 @@ package rewrite
 import (
 	"sort"
 	"strings"
+	"unicode/utf8"
 
 	pg_query "github.com/pganalyze/pg_query_go/v6"
 )
@@ -147,7 +148,22 @@ func (t tokens) identAt(sql string, i int) string {
 	}
 	s := sql[t[i].Start:t[i].End]
 	if len(s) >= 2 && s[0] == '"' && s[len(s)-1] == '"' {
-		return strings.ReplaceAll(s[1:len(s)-1], `""`, `"`)
+		return truncateIdent(strings.ReplaceAll(s[1:len(s)-1], `""`, `"`))
 	}
-	return strings.ToLower(s)
+	return truncateIdent(strings.ToLower(s))
+}
+
+// maxIdentLen is NAMEDATALEN-1: PostgreSQL truncates longer identifiers.
+const maxIdentLen = 63
+
+// truncateIdent cuts name as PostgreSQL does, at a character boundary.
+func truncateIdent(name string) string {
+	if len(name) <= maxIdentLen {
+		return name
+	}
+	n := maxIdentLen
+	for n > 0 && !utf8.RuneStart(name[n]) {
+		n--
+	}
+	return name[:n]
 }

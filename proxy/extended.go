@@ -174,11 +174,24 @@ func parseBind(body []byte) (bindMessage, string, bool) {
 // (all text) → text IDs; one (applies to all) → IDs in that format; one per parameter →
 // a text code per ID and text IDs.
 func (c *conn) onBind(n int) error {
+	s := &c.sess
+	s.mu.Lock()
+	none := len(s.stmts) == 0
+	s.mu.Unlock()
+	if none {
+		// No statement has hidden parameters: stream the Bind, however large.
+		s.mu.Lock()
+		s.openLocked().sent++
+		s.mu.Unlock()
+		if err := writeHeader(c.uw, 'B', n); err != nil {
+			return writeError{err}
+		}
+		return c.cr.copyBody(c.uw, n)
+	}
 	body, err := c.cr.readBody(n)
 	if err != nil {
 		return err
 	}
-	s := &c.sess
 	stmtName, ok := bindStatement(body)
 	var st *statement
 	if ok {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -157,7 +158,12 @@ func TestStartupTimeout(t *testing.T) {
 // and checks that the proxy is left with no goroutine, descriptor or session behind.
 func TestClientsVanish(t *testing.T) {
 	db := testenv.NewDatabase(t)
-	p := startProxy(t, db, func(s *Server) { s.StartupTimeout = 2 * time.Second })
+	var opened, closed atomic.Int64
+	p := startProxy(t, db, func(s *Server) {
+		s.StartupTimeout = 2 * time.Second
+		s.OnConnOpen = func() { opened.Add(1) }
+		s.OnConnClose = func() { closed.Add(1) }
+	})
 	ctx := testContext(t)
 	connect(t, p.url(db)).Close(ctx) // warm up whatever the runtime creates once
 	baseGoroutines := runtime.NumGoroutine()
@@ -233,6 +239,9 @@ func TestClientsVanish(t *testing.T) {
 	})
 	if n := p.srv.sessions.Load(); n != 0 {
 		t.Fatalf("%d session slots still held", n)
+	}
+	if o, c := opened.Load(), closed.Load(); o != clients+1 || c != o {
+		t.Fatalf("hooks saw %d connections opened and %d closed, want %d", o, c, clients+1)
 	}
 	if n := len(p.srv.cancels.keys); n != 0 {
 		t.Fatalf("%d cancel keys still registered", n)
@@ -344,5 +353,28 @@ func TestShutdownDeadline(t *testing.T) {
 	}
 	if err := busy.Ping(ctx); err == nil {
 		t.Fatal("the session survived the shutdown deadline")
+	}
+}
+
+func TestListenAndServe(t *testing.T) {
+	srv := &Server{Addr: "127.0.0.1:0", Upstream: "127.0.0.1:1"}
+	done := make(chan error, 1)
+	go func() { done <- srv.ListenAndServe() }()
+	waitFor(t, 5*time.Second, "the listener", func() error {
+		srv.mu.Lock()
+		defer srv.mu.Unlock()
+		if len(srv.listeners) == 0 {
+			return errors.New("not listening yet")
+		}
+		return nil
+	})
+	if err := srv.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, ErrServerClosed) {
+		t.Fatalf("ListenAndServe returned %v", err)
+	}
+	if err := srv.ListenAndServe(); !errors.Is(err, ErrServerClosed) {
+		t.Fatalf("ListenAndServe after Shutdown returned %v", err)
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/leafproxy/leafproxy/rewrite"
 )
 
 // maxIdleConnMemory is the design's budget of proxy memory per idle client connection.
@@ -23,10 +25,43 @@ func TestIdleConnectionMemory(t *testing.T) {
 	if testing.Short() {
 		t.Skip("opens 1,000 connections")
 	}
-	const conns = 1000
+	rw, err := rewrite.New(rewrite.Settings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name      string
+		configure func(*Server)
+	}{
+		{"pass-through", func(*Server) {}},
+		{"rewriting", func(s *Server) { s.Rewriter, s.IDs = rw, &stubIDs{} }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			perConn := idleConnectionMemory(t, 1000, tt.configure)
+			t.Logf("proxy memory per idle connection: %d bytes (%.1f KiB)", perConn, float64(perConn)/1024)
+			if perConn > maxIdleConnMemory {
+				t.Fatalf("%d bytes per idle connection, budget %d", perConn, maxIdleConnMemory)
+			}
+		})
+	}
+}
+
+// idleConnectionMemory opens conns idle sessions through a new proxy and returns the
+// growth of live memory per session.
+func idleConnectionMemory(t *testing.T, conns int, configure func(*Server)) int64 {
 	up := startFakeUpstream(t, true)
-	p := startProxy(t, "postgres://postgres@"+up.addr()+"/postgres")
+	p := startProxy(t, "postgres://postgres@"+up.addr()+"/postgres", configure)
 	startup := startupPacket(map[string]string{"user": "postgres", "database": "postgres"})
+	// One session first, so that what the runtime sets up once is not counted.
+	warm, err := net.Dial("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer warm.Close()
+	if err := awaitReady(warm, startup); err != nil {
+		t.Fatal(err)
+	}
 
 	before := liveMemory()
 	clients := make([]net.Conn, 0, conns)
@@ -46,11 +81,7 @@ func TestIdleConnectionMemory(t *testing.T) {
 		}
 	}
 	after := liveMemory()
-	perConn := (int64(after) - int64(before)) / conns
-	t.Logf("proxy memory per idle connection: %d bytes (%.1f KiB) over %d connections", perConn, float64(perConn)/1024, conns)
-	if perConn > maxIdleConnMemory {
-		t.Fatalf("%d bytes per idle connection, budget %d", perConn, maxIdleConnMemory)
-	}
+	return (int64(after) - int64(before)) / int64(conns)
 }
 
 // awaitReady sends a startup packet and reads until the first ReadyForQuery.

@@ -245,21 +245,22 @@ func (c *conn) refuseQuery(err error) error {
 	msg := errorResponse(err)
 	s := &c.sess
 	c.cwMu.Lock()
-	defer c.cwMu.Unlock()
 	s.mu.Lock()
-	if s.cur != nil {
+	if cy := s.cur; cy != nil {
 		// An extended-protocol cycle is open: the client expects one ReadyForQuery for
 		// it and this Query together. Close it at the server with a Sync and put the
-		// error before that Sync's ReadyForQuery.
-		cy := s.cur
+		// error before that Sync's ReadyForQuery. The Sync is sent without the locks:
+		// the upstream may be waiting for the other goroutine to read.
 		s.cur = nil
 		if !cy.failed {
 			cy.inject, cy.injectAt = msg, cy.sent
 		}
 		s.mu.Unlock()
+		c.cwMu.Unlock()
 		c.pending.Add(1)
 		return c.send('S', nil)
 	}
+	defer c.cwMu.Unlock()
 	if len(s.queue) == 0 {
 		s.mu.Unlock()
 		return c.writeLocalLocked(msg)

@@ -93,7 +93,13 @@ func (r *msgReader) buffer(n int) []byte {
 		return make([]byte, n)
 	}
 	if cap(r.body) < n {
-		r.body = make([]byte, n, keepBufferSize)
+		// Grow in powers of two from a small start: most decoded bodies are tiny
+		// (ReadyForQuery is one byte) and an idle session should not hold 8 KiB for them.
+		size := 64
+		for size < n {
+			size *= 2
+		}
+		r.body = make([]byte, size)
 	}
 	return r.body[:n]
 }

@@ -8,7 +8,8 @@
 #
 # Environment: LEAFPROXY_RUN_DIR (PostgreSQL's data and log; default a directory under
 # $TMPDIR), LEAFPROXY_RUN_PGPORT (default 5433), LEAFPROXY_LISTEN (default 127.0.0.1:6432),
-# LEAFPROXY_HTTP (default 127.0.0.1:8080); every other LEAFPROXY_* variable reaches serve.
+# LEAFPROXY_HTTP (default 127.0.0.1:8080), LEAFPROXY_RUN_BIN (a leafproxy binary to use
+# instead of building bin/leafproxy); every other LEAFPROXY_* variable reaches serve.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -92,13 +93,17 @@ else
   as_pg "$pg_bin/pg_ctl" -D "$data" -l "$log" -w -t 60 -o "-p $pg_port" start >/dev/null
 fi
 
-"$GO" build -o bin/leafproxy ./cmd/leafproxy
-bin/leafproxy migrate up --dsn "$dsn" >&2
+# LEAFPROXY_RUN_BIN: use this binary instead of building bin/leafproxy (the tests do).
+leafproxy="${LEAFPROXY_RUN_BIN:-bin/leafproxy}"
+if [ -z "${LEAFPROXY_RUN_BIN:-}" ]; then
+  "$GO" build -o bin/leafproxy ./cmd/leafproxy
+fi
+"$leafproxy" migrate up --dsn "$dsn" >&2
 
 # Demo: "audit" is a segment tag (a leaf_alloc row), "order" a snowflake tag, and INSERTs
 # into orders get their id filled with an "order" ID.
-if ! bin/leafproxy tag list --json --dsn "$dsn" | grep -q '"tag": "audit"'; then
-  bin/leafproxy tag add audit --step 1000 --description "demo segment tag" --dsn "$dsn" >&2
+if ! "$leafproxy" tag list --json --dsn "$dsn" | grep -q '"tag": "audit"'; then
+  "$leafproxy" tag add audit --step 1000 --description "demo segment tag" --dsn "$dsn" >&2
 fi
 "$pg_bin/psql" -q -X -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$pg_port" -U postgres -d postgres \
   -c "CREATE TABLE IF NOT EXISTS orders (id bigint PRIMARY KEY, item text)" >&2
@@ -116,5 +121,5 @@ Try:
 Ctrl-C stops the proxy; "scripts/run.sh --stop" stops PostgreSQL.
 
 MSG
-exec bin/leafproxy serve --store "$dsn" --upstream "127.0.0.1:$pg_port" --upstream-sslmode disable \
+exec "$leafproxy" serve --store "$dsn" --upstream "127.0.0.1:$pg_port" --upstream-sslmode disable \
   --listen "$listen" --http "$http" --snowflake-tags order --fill orders.id=order

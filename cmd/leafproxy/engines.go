@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/leafproxy/leafproxy/idgen/worker"
+	wpostgres "github.com/leafproxy/leafproxy/idgen/worker/postgres"
+	wzookeeper "github.com/leafproxy/leafproxy/idgen/worker/zookeeper"
 	"github.com/leafproxy/leafproxy/internal/config"
 	"github.com/leafproxy/leafproxy/internal/httpapi"
 	"github.com/leafproxy/leafproxy/internal/metrics"
@@ -16,11 +18,39 @@ import (
 
 // workerSource builds the configured source of the snowflake worker ID.
 func (a *app) workerSource() (worker.Source, error) {
+	hooks := worker.Hooks{
+		OnReportError:    func(int64, error) { a.metrics.WorkerEvent("report_error") },
+		OnReconnect:      func(int64) { a.metrics.WorkerEvent("reconnect") },
+		OnSessionExpired: func(int64) { a.metrics.WorkerEvent("session_expired") },
+		OnFenced:         a.metrics.WorkerFenced,
+		OnRegained:       a.metrics.WorkerRegained,
+	}
+	addr := a.advertisedAddr()
 	switch a.cfg.WorkerSource {
 	case config.WorkerStatic:
 		return worker.Static{ID: int64(a.cfg.WorkerID)}, nil
+	case config.WorkerPostgres:
+		return wpostgres.New(wpostgres.Settings{
+			Pool:   a.pool,
+			Holder: a.cfg.ZooKeeperName + "@" + addr,
+			Logger: a.log,
+			Hooks:  hooks,
+		})
+	case config.WorkerZooKeeper:
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil {
+			return nil, fmt.Errorf("advertise: %w", err)
+		}
+		return wzookeeper.New(wzookeeper.Settings{
+			Servers: a.cfg.ZooKeeper,
+			Name:    a.cfg.ZooKeeperName,
+			IP:      host,
+			Port:    port,
+			Logger:  a.log,
+			Hooks:   hooks,
+		})
 	}
-	return nil, fmt.Errorf("worker-source %s is not available in this build", a.cfg.WorkerSource)
+	return nil, fmt.Errorf("worker-source %q is not one of static, postgres, zookeeper", a.cfg.WorkerSource)
 }
 
 // advertisedAddr is the ip:port that names this proxy to the worker-ID source: Leaf keys

@@ -27,6 +27,7 @@ import (
 	"github.com/leafproxy/leafproxy/internal/metrics"
 	"github.com/leafproxy/leafproxy/migrations"
 	"github.com/leafproxy/leafproxy/proxy"
+	"github.com/leafproxy/leafproxy/rewrite"
 )
 
 const serveSynopsis = `serve [--config FILE] [flags]
@@ -293,7 +294,17 @@ func (a *app) newProxy() (*proxy.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("upstream-sslmode: %w", err)
 	}
+	rules := make([]rewrite.FillRule, len(cfg.FillRules))
+	for i, r := range cfg.FillRules {
+		rules[i] = rewrite.FillRule{Schema: r.Schema, Table: r.Table, Column: r.Column, Tag: r.Tag}
+	}
+	rw, err := rewrite.New(rewrite.Settings{Fill: rules})
+	if err != nil {
+		return nil, fmt.Errorf("fill: %w", err)
+	}
 	s := &proxy.Server{
+		Rewriter:        rw,
+		IDs:             &idSource{router: a.router, onErr: a.metrics.Error},
 		Upstream:        cfg.Upstream,
 		UpstreamSSLMode: mode,
 		MaxClientConns:  cfg.MaxClientConns,

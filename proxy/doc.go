@@ -4,15 +4,31 @@
 // The proxy is invisible to clients: startup parameters and authentication (trust, md5,
 // SCRAM-SHA-256) are relayed so that the database alone decides who gets in, and every
 // message the proxy does not act on crosses it as raw bytes, in order, batched into as few
-// writes as the traffic allows. Cancel requests reach the upstream backend the client was
-// told about. The proxy decodes only the few message types it must inspect: ReadyForQuery
-// (transaction status), BackendKeyData (cancel keys), ErrorResponse (to see a FATAL) and
-// the authentication requests (to know when the client answers).
+// writes as the traffic allows (a buffer is flushed when the other side has nothing more
+// buffered). Cancel requests reach the upstream backend the client was told about: clients
+// receive the backend's own BackendKeyData, and the proxy forwards only cancels for keys
+// it handed out. Without a Rewriter the proxy decodes only ReadyForQuery (transaction
+// status), BackendKeyData, ErrorResponse (to see a FATAL) and the authentication requests
+// (to know when the client answers).
 //
-// SCRAM channel binding (SCRAM-SHA-256-PLUS) binds the client's authentication to the
-// certificate of the server it talks TLS with. Through the proxy that is the proxy's
-// certificate, so binding only succeeds when the proxy presents the database's own
-// certificate and key; otherwise a TLS client must connect with channel_binding=disable.
+// With a Rewriter, Query, Parse, Bind, Describe and Close are decoded too, and statements
+// whose plan needs IDs are rewritten: a Query gets literal IDs; a Parse gets hidden
+// trailing int8 parameters, which every Bind of the statement fills with fresh IDs, and
+// which are stripped from the statement's ParameterDescription; SQL-level PREPARE and
+// EXECUTE get the same treatment. A standalone SELECT leaf_next('tag') or
+// leaf_snowflake() is answered by the proxy itself when nothing is outstanding. The
+// proxy's own answers (that fast path, and refusals of statements the rewriter cannot
+// rewrite safely or whose IDs cannot be had) are queued behind the responses still due,
+// so that their order is exact under pipelining; after a refusal in the extended protocol
+// the proxy, like the server, ignores messages until Sync.
+//
+// Known limits: a refusal inside a transaction block does not abort the transaction at
+// the server, so the following ReadyForQuery reports the status the server has ('T', not
+// 'E'). GSSAPI authentication and GSSAPI encryption are not relayed. SCRAM channel
+// binding (SCRAM-SHA-256-PLUS) binds the authentication to the certificate of the server
+// the client talks TLS with, which is the proxy: it only succeeds when the proxy presents
+// the database's own certificate and key; otherwise TLS clients must connect with
+// channel_binding=disable.
 //
 // A Server is configured through exported fields, like net/http.Server, and stopped with
 // Shutdown (graceful) or Close.

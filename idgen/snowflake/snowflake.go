@@ -80,7 +80,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("snowflake: acquire a worker ID from %s: %w", e.source.Name(), err)
 	}
-	if err := e.admit(ctx, lease, func() int64 { return e.clock.Now().UnixMilli() }, e.maxStartWait); err != nil {
+	if err := e.admit(ctx, lease, 0, func() int64 { return e.clock.Now().UnixMilli() }, e.maxStartWait); err != nil {
 		closeLease(lease, e.log)
 		return err
 	}
@@ -119,14 +119,15 @@ func (e *Engine) Start(ctx context.Context) error {
 }
 
 // admit checks that the lease's worker ID fits the layout and waits until now() has
-// passed its high-water mark, failing when the gap exceeds maxWait (maxWait < 0: no bound).
-func (e *Engine) admit(ctx context.Context, lease worker.Lease, now func() int64, maxWait time.Duration) error {
+// passed its high-water mark and floor (Unix ms), failing when the gap exceeds maxWait
+// (maxWait < 0: no bound).
+func (e *Engine) admit(ctx context.Context, lease worker.Lease, floor int64, now func() int64, maxWait time.Duration) error {
 	id := lease.WorkerID()
 	if id < 0 || id > e.codec.layout.MaxWorker() {
 		return fmt.Errorf("snowflake: worker ID %d from %s does not fit %d worker bits: %w",
 			id, e.source.Name(), e.codec.layout.WorkerBits, worker.ErrExhausted)
 	}
-	hw := lease.HighWater()
+	hw := max(lease.HighWater(), floor)
 	for {
 		n := now()
 		if n > hw {
@@ -291,7 +292,12 @@ func (e *Engine) reacquire() worker.Lease {
 			// Engine time, not the wall clock: the IDs we would issue use engine time. The
 			// mark may be far ahead after an unlucky takeover; wait it out rather than
 			// take another ID, since any other free ID can carry the same problem.
-			err = e.admit(e.stopCtx, lease, func() int64 { return e.elapsed() + e.codec.epochMillis }, -1)
+			// The floor is our own last millisecond: a new worker ID may be smaller than
+			// the old one, and IDs must keep increasing.
+			e.mu.Lock()
+			floor := e.last + e.codec.epochMillis
+			e.mu.Unlock()
+			err = e.admit(e.stopCtx, lease, floor, func() int64 { return e.elapsed() + e.codec.epochMillis }, -1)
 			if err != nil {
 				closeLease(lease, e.log)
 			}

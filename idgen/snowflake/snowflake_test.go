@@ -342,38 +342,51 @@ func TestFencedLeaseRefusesIDs(t *testing.T) {
 }
 
 func TestLostLeaseIsReplaced(t *testing.T) {
-	clock := newFakeClock(t0)
-	src := &fakeSource{id: 9, highWater: t0 - 1}
-	var mu sync.Mutex
-	var lost, acquired []int64
-	e := startEngine(t, snowflake.Settings{Source: src, Clock: clock, Hooks: snowflake.Hooks{
-		OnWorkerLost:     func(id int64) { mu.Lock(); lost = append(lost, id); mu.Unlock() },
-		OnWorkerAcquired: func(id int64) { mu.Lock(); acquired = append(acquired, id); mu.Unlock() },
-	}})
-	first := mustNext(t, e)
-	src.mu.Lock()
-	src.id, src.highWater = 10, t0+50 // the new ID was used until 50 ms ahead of us
-	src.mu.Unlock()
-	src.Lease(0).lose()
-	if _, err := e.Next(ctx, ""); !errors.Is(err, idgen.ErrWorkerNotHeld) {
-		t.Fatalf("Next right after the loss = %v, want ErrWorkerNotHeld", err)
-	}
-	var id int64
-	waitUntil(t, 5*time.Second, "a new worker ID", func() bool {
-		var err error
-		id, err = e.Next(ctx, "")
-		return err == nil
-	})
-	if p := e.Decompose(id); p.Worker != 10 || p.Millis <= t0+50 || id <= first {
-		t.Fatalf("ID after re-acquiring = %+v, want worker 10 after the new mark", p)
-	}
-	if !src.Lease(0).closed.Load() {
-		t.Fatal("lost lease not closed")
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	if len(lost) != 1 || lost[0] != 9 || len(acquired) != 2 || acquired[1] != 10 {
-		t.Fatalf("hooks: lost %v, acquired %v", lost, acquired)
+	for _, tc := range []struct {
+		name          string
+		newID, newHW  int64
+		wantAfterMark int64
+	}{
+		// The new ID was used until 50 ms ahead of us: wait for its mark.
+		{"larger worker with a mark ahead", 10, t0 + 50, t0 + 50},
+		// A smaller worker ID in the same millisecond would make a smaller ID.
+		{"smaller worker, no mark", 3, 0, t0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := newFakeClock(t0)
+			src := &fakeSource{id: 9, highWater: t0 - 1}
+			var mu sync.Mutex
+			var lost, acquired []int64
+			e := startEngine(t, snowflake.Settings{Source: src, Clock: clock, Hooks: snowflake.Hooks{
+				OnWorkerLost:     func(id int64) { mu.Lock(); lost = append(lost, id); mu.Unlock() },
+				OnWorkerAcquired: func(id int64) { mu.Lock(); acquired = append(acquired, id); mu.Unlock() },
+			}})
+			first := mustNext(t, e)
+			src.mu.Lock()
+			src.id, src.highWater = tc.newID, tc.newHW
+			src.mu.Unlock()
+			src.Lease(0).lose()
+			if _, err := e.Next(ctx, ""); !errors.Is(err, idgen.ErrWorkerNotHeld) {
+				t.Fatalf("Next right after the loss = %v, want ErrWorkerNotHeld", err)
+			}
+			var id int64
+			waitUntil(t, 5*time.Second, "a new worker ID", func() bool {
+				var err error
+				id, err = e.Next(ctx, "")
+				return err == nil
+			})
+			if p := e.Decompose(id); p.Worker != tc.newID || p.Millis <= tc.wantAfterMark || id <= first {
+				t.Fatalf("ID after re-acquiring = %+v (%d, first %d), want worker %d after %d ms", p, id, first, tc.newID, tc.wantAfterMark)
+			}
+			if !src.Lease(0).closed.Load() {
+				t.Fatal("lost lease not closed")
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if len(lost) != 1 || lost[0] != 9 || len(acquired) != 2 || acquired[1] != tc.newID {
+				t.Fatalf("hooks: lost %v, acquired %v", lost, acquired)
+			}
+		})
 	}
 }
 

@@ -1,9 +1,15 @@
-// Command pgbenchcmp measures pass-through throughput: it starts leafproxy's proxy in
-// process and a PgBouncer in session mode in front of one PostgreSQL server, and runs
-// `pgbench -S` (select-only) against the server directly, through the proxy and through
-// PgBouncer, in every protocol mode, printing a markdown table of TPS and ratios to direct.
+// Command pgbenchcmp measures throughput with pgbench and prints markdown tables of TPS
+// and ratios to a baseline, for every protocol mode and client count:
 //
-//	go run ./internal/pgbench/cmd/pgbenchcmp -url postgres://postgres@127.0.0.1:5432/postgres -T 10s -rounds 3
+//   - select-only: `pgbench -S` against the server directly, through leafproxy's proxy
+//     (pass-through, started in process) and through PgBouncer in session mode;
+//
+//   - next-id: SELECT leaf_next('bench') through a rewriting proxy whose IDs come from the
+//     segment engine, against SELECT nextval('bench_seq') on the server;
+//
+//   - insert: an INSERT whose key the proxy fills, against one with a bigserial default.
+//
+//     go run ./internal/pgbench/cmd/pgbenchcmp -url postgres://postgres@127.0.0.1:5432/postgres -T 10s -rounds 3
 package main
 
 import (
@@ -12,8 +18,6 @@ import (
 	"encoding/hex"
 	"flag"
 	"fmt"
-	"io"
-	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -24,10 +28,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/sirupsen/logrus"
 
 	"github.com/leafproxy/leafproxy/internal/pgbench"
-	"github.com/leafproxy/leafproxy/proxy"
 )
 
 func main() {
@@ -44,6 +46,7 @@ func run() error {
 	modeList := flag.String("M", strings.Join(pgbench.Modes, ","), "comma-separated protocol modes")
 	scale := flag.Int("s", 10, "pgbench scale factor of the test database")
 	rounds := flag.Int("rounds", 3, "runs per row, endpoints interleaved; the median is reported")
+	leaf := flag.Bool("leaf", true, "add the ID rows: leaf_next vs nextval, filled INSERT vs bigserial")
 	noBouncer := flag.Bool("no-pgbouncer", false, "leave PgBouncer out")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (the proxy's relay) to this file")
 	flag.Parse()
@@ -82,7 +85,7 @@ func run() error {
 		return fmt.Errorf("pgbench -i: %w\n%s", err, out)
 	}
 
-	proxyURL, stopProxy, err := startProxy(dbURL)
+	proxyURL, stopProxy, err := serveProxy(dbURL, nil)
 	if err != nil {
 		return err
 	}
@@ -100,6 +103,14 @@ func run() error {
 		endpoints = append(endpoints, pgbench.Endpoint{Name: "pgbouncer", URL: bouncer.URL(dbURL), Args: []string{"-S"}})
 	}
 	groups := []pgbench.Group{{Name: "select-only", Endpoints: endpoints}}
+	if *leaf {
+		leafURL, stopLeaf, err := leafSetup(ctx, dbURL)
+		if err != nil {
+			return err
+		}
+		defer stopLeaf()
+		groups = append(groups, leafGroups(dbURL, leafURL)...)
+	}
 	results, err := pgbench.Run(ctx, pgbench.Config{
 		Duration: *duration,
 		Clients:  clients,
@@ -109,24 +120,6 @@ func run() error {
 	}, groups)
 	fmt.Print(pgbench.Table(groups, results))
 	return err
-}
-
-// startProxy serves the proxy on a loopback port in front of the server of dbURL.
-func startProxy(dbURL string) (string, func(), error) {
-	u, err := url.Parse(dbURL)
-	if err != nil {
-		return "", nil, err
-	}
-	log := logrus.New()
-	log.SetOutput(io.Discard)
-	srv := &proxy.Server{Upstream: u.Host, UpstreamSSLMode: proxy.SSLDisable, Logger: log}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", nil, err
-	}
-	go srv.Serve(l)
-	u.Host = l.Addr().String()
-	return u.String(), func() { srv.Close() }, nil
 }
 
 // createDatabase creates a scratch database and returns its URL and a function dropping it.

@@ -1,0 +1,123 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/sirupsen/logrus"
+
+	"github.com/leafproxy/leafproxy/idgen"
+	"github.com/leafproxy/leafproxy/idgen/segment"
+	"github.com/leafproxy/leafproxy/internal/pgbench"
+	"github.com/leafproxy/leafproxy/migrations"
+	"github.com/leafproxy/leafproxy/proxy"
+	"github.com/leafproxy/leafproxy/rewrite"
+)
+
+// benchTag is the segment tag of the ID workloads; benchFilled is the table whose key the
+// proxy fills from it.
+const (
+	benchTag    = "bench"
+	benchFilled = "bench_filled"
+)
+
+// leafSetup prepares the ID workloads in the database of dbURL (the Leaf schema, a tag, a
+// sequence and two tables) and starts a rewriting proxy whose IDs come from the segment
+// engine. It returns the proxy's URL and a function stopping everything.
+func leafSetup(ctx context.Context, dbURL string) (string, func(), error) {
+	if err := migrations.Up(dbURL); err != nil {
+		return "", nil, fmt.Errorf("migrate: %w", err)
+	}
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		return "", nil, err
+	}
+	defer conn.Close(ctx)
+	for _, stmt := range []string{
+		"INSERT INTO leaf_alloc (biz_tag, max_id, step) VALUES ('" + benchTag + "', 1, 1000) ON CONFLICT DO NOTHING",
+		"CREATE SEQUENCE IF NOT EXISTS bench_seq",
+		"CREATE TABLE IF NOT EXISTS bench_serial (id bigserial PRIMARY KEY, item text)",
+		"CREATE TABLE IF NOT EXISTS " + benchFilled + " (id int8 PRIMARY KEY, item text)",
+	} {
+		if _, err := conn.Exec(ctx, stmt); err != nil {
+			return "", nil, fmt.Errorf("%s: %w", stmt, err)
+		}
+	}
+
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		return "", nil, err
+	}
+	log := logrus.New()
+	log.SetOutput(io.Discard)
+	engine, err := segment.New(segment.Settings{Store: segment.NewPostgresStore(pool), Logger: log})
+	if err != nil {
+		pool.Close()
+		return "", nil, err
+	}
+	if err := engine.Start(ctx); err != nil {
+		pool.Close()
+		return "", nil, err
+	}
+	rw, err := rewrite.New(rewrite.Settings{Fill: []rewrite.FillRule{{Table: benchFilled, Column: "id", Tag: benchTag}}})
+	if err != nil {
+		return "", nil, err
+	}
+	proxyURL, stopProxy, err := serveProxy(dbURL, func(s *proxy.Server) {
+		s.Rewriter = rw
+		s.IDs = idgen.NewRouter(engine, nil, nil)
+	})
+	if err != nil {
+		return "", nil, err
+	}
+	stop := func() {
+		stopProxy()
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = engine.Close(cctx)
+		pool.Close()
+	}
+	return proxyURL, stop, nil
+}
+
+// leafGroups are the ID workloads: a leaf_next through the proxy against nextval on the
+// server, and an INSERT whose key the proxy fills against one with a bigserial default.
+func leafGroups(dbURL, leafURL string) []pgbench.Group {
+	return []pgbench.Group{
+		{Name: "next-id", Endpoints: []pgbench.Endpoint{
+			{Name: "direct nextval", URL: dbURL, Script: "SELECT nextval('bench_seq');\n"},
+			{Name: "proxy leaf_next", URL: leafURL, Script: "SELECT leaf_next('" + benchTag + "');\n"},
+		}},
+		{Name: "insert", Endpoints: []pgbench.Endpoint{
+			{Name: "direct bigserial", URL: dbURL, Script: "INSERT INTO bench_serial (item) VALUES ('book');\n"},
+			{Name: "proxy filled", URL: leafURL, Script: "INSERT INTO " + benchFilled + " (item) VALUES ('book');\n"},
+		}},
+	}
+}
+
+// serveProxy serves a proxy on a loopback port in front of the server of dbURL.
+func serveProxy(dbURL string, configure func(*proxy.Server)) (string, func(), error) {
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		return "", nil, err
+	}
+	log := logrus.New()
+	log.SetOutput(io.Discard)
+	srv := &proxy.Server{Upstream: u.Host, UpstreamSSLMode: proxy.SSLDisable, Logger: log}
+	if configure != nil {
+		configure(srv)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	go srv.Serve(l)
+	u.Host = l.Addr().String()
+	return u.String(), func() { srv.Close() }, nil
+}

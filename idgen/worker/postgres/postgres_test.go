@@ -308,7 +308,7 @@ func TestHolderThatCannotRenewStopsIssuing(t *testing.T) {
 	pool := newPool(t, dsn)
 	const ttl = 2 * time.Second
 	var fenced, regained atomic.Int32
-	src := newSource(t, pool, postgres.Settings{TTL: ttl, RenewInterval: 200 * time.Millisecond, Hooks: worker.Hooks{
+	src := newSource(t, pool, postgres.Settings{TTL: ttl, RenewInterval: 200 * time.Millisecond, FenceGuard: 500 * time.Millisecond, Hooks: worker.Hooks{
 		OnFenced:   func(int64) { fenced.Add(1) },
 		OnRegained: func(int64) { regained.Add(1) },
 	}})

@@ -241,6 +241,15 @@ func (e *Engine) loader(tb *tagBuffer) {
 		}
 		t.Stop()
 		backoff = min(2*backoff, e.maxBackoff)
+
+		tb.mu.Lock()
+		if tb.closed || tb.removed || e.state.Load() == stateClosed {
+			// No attempt after Close began: it would only delay Close against a dead store.
+			tb.loading = false
+			tb.mu.Unlock()
+			return
+		}
+		tb.mu.Unlock()
 	}
 }
 

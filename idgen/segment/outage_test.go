@@ -184,3 +184,32 @@ func TestCloseGivesBackSegmentLoadedWhileClosing(t *testing.T) {
 		t.Fatalf("%d allocations, want 2 (the first segment and the preload)", n)
 	}
 }
+
+func TestCloseDuringOutageIsPrompt(t *testing.T) {
+	store := newFakeStore()
+	store.addTag("t", 10, 0)
+	e := startEngine(t, store, segment.Settings{RetryBackoff: time.Hour, MaxRetryBackoff: time.Hour})
+	mustNext(t, e, "t")
+	store.setErr(errStoreDown)
+	for {
+		if _, _, err := nextWithin(e, "t"); err != nil {
+			break // the preload failed and the buffer ran out: the loader now waits an hour
+		}
+	}
+	// Another attempt now would hang until Close's deadline.
+	release := store.block()
+	defer release()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	began := time.Now()
+	if err := e.Close(ctx); err != nil { // the segment is used up: nothing to give back
+		t.Fatalf("Close: %v", err)
+	}
+	if took := time.Since(began); took > time.Second {
+		t.Fatalf("Close took %v with a loader waiting to retry", took)
+	}
+	calls := len(store.allocations())
+	if calls != 1 {
+		t.Fatalf("%d successful allocations, want 1", calls)
+	}
+}

@@ -129,20 +129,31 @@ func (p *planner) executeStmt(s *pg_query.ExecuteStmt, start, end int) {
 	p.refs = append(p.refs, SessionRef{Name: s.Name})
 	// EXPLAIN and CREATE TABLE AS may precede it: take the last EXECUTE
 	// keyword at depth 0 that is followed by the statement's name.
+	// A name spelled with Unicode escapes (U&"…") does not compare equal
+	// to its token text; then the last EXECUTE followed by a name is it.
 	toks := p.tokens()
-	name := -1
+	name, fallback := -1, -1
 	depth := 0
-	for j := toks.at(start); j < len(toks) && int(toks[j].Start) < end; j++ {
+	for j := toks.at(start); j+1 < len(toks) && int(toks[j].Start) < end; j++ {
 		switch toks[j].Token {
 		case pg_query.Token_ASCII_40:
 			depth++
 		case pg_query.Token_ASCII_41:
 			depth--
 		case pg_query.Token_EXECUTE:
-			if depth == 0 && toks.identAt(p.sql, j+1) == s.Name {
+			if depth != 0 {
+				continue
+			}
+			if toks.identAt(p.sql, j+1) == s.Name {
 				name = j + 1
 			}
+			if next := toks[j+1].Token; next != pg_query.Token_AS && next != pg_query.Token_ASCII_40 {
+				fallback = j + 1
+			}
 		}
+	}
+	if name < 0 {
+		name = fallback
 	}
 	if name < 0 {
 		p.internal(start, "the EXECUTE name")

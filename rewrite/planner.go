@@ -47,6 +47,11 @@ func newPlanner(rw *Rewriter, sql string, toks *tokens) *planner {
 }
 
 func plan(rw *Rewriter, sql string) (*Plan, error) {
+	if strings.IndexByte(sql, 0) >= 0 {
+		// The protocol's strings end at NUL, and so would the C parser's
+		// view of the text: locations would not match what is sent.
+		return nil, nil
+	}
 	tree, err := pg_query.Parse(sql)
 	if err != nil {
 		// Not ours to report: PostgreSQL gives the user its own syntax error.

@@ -323,3 +323,13 @@ func TestLongTextIsNotCached(t *testing.T) {
 		t.Errorf("cache holds %d entries after a %d-byte statement, want 0", n, b.Len())
 	}
 }
+
+func TestNULIsForwarded(t *testing.T) {
+	rw, err := New(Settings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err := rw.Plan("SELECT leaf_next('a')\x00, leaf_next('b')"); p != nil || err != nil {
+		t.Errorf("Plan of text with NUL = %v, %v; want nil, nil", p, err)
+	}
+}

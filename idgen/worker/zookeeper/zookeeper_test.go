@@ -27,11 +27,33 @@ import (
 
 var ctx = context.Background()
 
-// uniqueName gives each test its own tree /snowflake/{name}.
-func uniqueName(t *testing.T) string {
+// uniqueName gives each test its own tree /snowflake/{name} on the server at addr, and
+// removes the tree when the test ends.
+func uniqueName(t *testing.T, addr string) string {
+	t.Helper()
 	b := make([]byte, 6)
 	rand.Read(b)
-	return "leaftest-" + hex.EncodeToString(b)
+	name := "leaftest-" + hex.EncodeToString(b)
+	t.Cleanup(func() {
+		c, _, err := zk.Connect([]string{addr}, 4*time.Second, zk.WithLogInfo(false), zk.WithLogger(nopLogger{}))
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		deleteTree(c, "/snowflake/"+name)
+	})
+	return name
+}
+
+func deleteTree(c *zk.Conn, p string) {
+	children, _, err := c.Children(p)
+	if err != nil {
+		return
+	}
+	for _, child := range children {
+		deleteTree(c, p+"/"+child)
+	}
+	_ = c.Delete(p, -1)
 }
 
 func settings(t *testing.T, addr, name, port string) zookeeper.Settings {
@@ -142,7 +164,8 @@ func TestNewValidates(t *testing.T) {
 }
 
 func TestDifferentPortsGetDifferentIDs(t *testing.T) {
-	addr, name := testenv.ZooKeeperAddr(t), uniqueName(t)
+	addr := testenv.ZooKeeperAddr(t)
+	name := uniqueName(t, addr)
 	a := acquire(t, newSource(t, settings(t, addr, name, "7001")))
 	b := acquire(t, newSource(t, settings(t, addr, name, "7002")))
 	if a.WorkerID() == b.WorkerID() {
@@ -161,7 +184,8 @@ func TestDifferentPortsGetDifferentIDs(t *testing.T) {
 }
 
 func TestRestartReusesNodeAndRecordsTimestamp(t *testing.T) {
-	addr, name := testenv.ZooKeeperAddr(t), uniqueName(t)
+	addr := testenv.ZooKeeperAddr(t)
+	name := uniqueName(t, addr)
 	s := settings(t, addr, name, "7001")
 	s.ReportInterval = 50 * time.Millisecond
 	raw := rawConn(t, addr)
@@ -192,7 +216,8 @@ func TestRestartReusesNodeAndRecordsTimestamp(t *testing.T) {
 }
 
 func TestStoredTimestampInTheFutureFailsStart(t *testing.T) {
-	addr, name := testenv.ZooKeeperAddr(t), uniqueName(t)
+	addr := testenv.ZooKeeperAddr(t)
+	name := uniqueName(t, addr)
 	addNode(t, rawConn(t, addr), name, "127.0.0.1:7001", time.Now().Add(time.Hour).UnixMilli())
 	_, err := newSource(t, settings(t, addr, name, "7001")).Acquire(ctx)
 	if !errors.Is(err, worker.ErrClockBehind) {
@@ -201,7 +226,8 @@ func TestStoredTimestampInTheFutureFailsStart(t *testing.T) {
 }
 
 func TestFirstStartTakesTheSequenceNumber(t *testing.T) {
-	addr, name := testenv.ZooKeeperAddr(t), uniqueName(t)
+	addr := testenv.ZooKeeperAddr(t)
+	name := uniqueName(t, addr)
 	raw := rawConn(t, addr)
 	for i := 0; i < 3; i++ {
 		addNode(t, raw, name, fmt.Sprintf("10.0.0.%d:8080", i+1), 0)
@@ -216,7 +242,8 @@ func TestFirstStartTakesTheSequenceNumber(t *testing.T) {
 }
 
 func TestConcurrentStartsOnAFreshTree(t *testing.T) {
-	addr, name := testenv.ZooKeeperAddr(t), uniqueName(t)
+	addr := testenv.ZooKeeperAddr(t)
+	name := uniqueName(t, addr)
 	const n = 8
 	ids := make([]int, n)
 	errs := make([]error, n)
@@ -256,7 +283,8 @@ func TestConcurrentStartsOnAFreshTree(t *testing.T) {
 }
 
 func TestSequenceBeyondTheLastWorkerIDFails(t *testing.T) {
-	addr, name := testenv.ZooKeeperAddr(t), uniqueName(t)
+	addr := testenv.ZooKeeperAddr(t)
+	name := uniqueName(t, addr)
 	raw := rawConn(t, addr)
 	for i := 0; i < 4; i++ {
 		addNode(t, raw, name, fmt.Sprintf("10.0.0.%d:8080", i+1), 0)
@@ -275,7 +303,7 @@ func TestSequenceBeyondTheLastWorkerIDFails(t *testing.T) {
 
 func TestCacheFileWhenZooKeeperIsDown(t *testing.T) {
 	z := testenv.NewZooKeeper(t)
-	name := uniqueName(t)
+	name := uniqueName(t, z.Addr())
 	s := settings(t, z.Addr(), name, "7001")
 	s.ConnectTimeout = time.Second
 	s.ReportInterval = 50 * time.Millisecond
@@ -327,7 +355,8 @@ func TestCacheFileWhenZooKeeperIsDown(t *testing.T) {
 // An outage long enough to expire the session does not stop issue; afterwards the client
 // makes a new session and the reports resume.
 func TestSessionExpiryKeepsIssuing(t *testing.T) {
-	addr, name := testenv.ZooKeeperAddr(t), uniqueName(t)
+	addr := testenv.ZooKeeperAddr(t)
+	name := uniqueName(t, addr)
 	proxy := newCutProxy(t, addr)
 	s := settings(t, proxy.Addr(), name, "7001")
 	s.SessionTimeout = 2 * time.Second

@@ -16,6 +16,10 @@
 // The first segment of a tag is loaded lazily, by the first Next for that tag, as in Leaf:
 // a proxy reserves nothing for tags it never serves, and the first call pays one round trip.
 //
+// A tag missing from the engine's list (created after the last refresh) makes Next reload
+// the list at once, at most once per MissRefresh, so `tag add` needs no wait. A row deleted
+// and created again is a new tag to the engine: ordering holds only while the row lives.
+//
 // When the store is down the engine keeps serving from what it has buffered; once both
 // buffers are empty Next fails at once with idgen.ErrUnavailable (it does not wait out the
 // caller's deadline), and a background retry picks the store up again when it returns.

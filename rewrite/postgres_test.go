@@ -86,6 +86,14 @@ func TestPostgresColumnsMatchOriginal(t *testing.T) {
 		"SELECT coalesce(leaf_next('x'), 0)",
 		"SELECT leaf_next('a') UNION ALL SELECT leaf_next('b')",
 		"VALUES (leaf_next('x')), (leaf_next('x'))",
+		"SELECT ARRAY[leaf_next('a')]",
+		"SELECT ROW(leaf_next('a'), 1)",
+		"SELECT greatest(leaf_next('a'), 1)",
+		"SELECT nullif(leaf_next('a'), 0)",
+		"SELECT CASE WHEN true THEN leaf_next('a') END",
+		"SELECT (leaf_next('a'))",
+		"SELECT leaf_next('a')::int8::text",
+		"SELECT leaf_next('a') INTO TEMP ids",
 	} {
 		t.Run(sql, func(t *testing.T) {
 			p := mustPlan(t, rw, sql)

@@ -115,10 +115,15 @@ func (e *Engine) nextUnknown(ctx context.Context, tag string) (int64, error) {
 	var err error
 	if tb == nil {
 		if time.Since(e.lastMiss) >= e.missRefresh {
-			e.lastMiss = time.Now()
-			e.missErr = e.Refresh(ctx)
+			err = e.Refresh(ctx)
+			// A reload cut short by this caller's deadline says nothing about the store;
+			// it does not count against the rate limit.
+			if ctx.Err() == nil {
+				e.lastMiss, e.missErr = time.Now(), err
+			}
+		} else {
+			err = e.missErr
 		}
-		err = e.missErr
 		tb = (*e.tags.Load())[tag]
 	}
 	<-e.missSem

@@ -10,7 +10,14 @@ import (
 const DefaultEpochMillis int64 = 1288834974657
 
 // DefaultLayout is Leaf's layout: 41 bits of milliseconds, 10 of worker, 12 of sequence.
-var DefaultLayout = Layout{TimeBits: 41, WorkerBits: 10, SequenceBits: 12}
+// It is informational: the engine uses its own copy, so changing it changes nothing.
+var DefaultLayout = Layout{TimeBits: defaultTimeBits, WorkerBits: defaultWorkerBits, SequenceBits: defaultSequenceBits}
+
+const (
+	defaultTimeBits     = 41
+	defaultWorkerBits   = 10
+	defaultSequenceBits = 12
+)
 
 // ErrBadLayout: the bit layout or epoch of the settings is invalid.
 var ErrBadLayout = errors.New("snowflake: invalid layout")
@@ -31,7 +38,7 @@ func (l Layout) String() string {
 
 func (l Layout) orDefault() Layout {
 	if l == (Layout{}) {
-		return DefaultLayout
+		return Layout{TimeBits: defaultTimeBits, WorkerBits: defaultWorkerBits, SequenceBits: defaultSequenceBits}
 	}
 	return l
 }
@@ -74,7 +81,7 @@ type Codec struct {
 
 // DefaultCodec decodes IDs of Leaf's default layout and epoch.
 func DefaultCodec() Codec {
-	return Codec{layout: DefaultLayout, epochMillis: DefaultEpochMillis}
+	return Codec{layout: Layout{}.orDefault(), epochMillis: DefaultEpochMillis}
 }
 
 // NewCodec validates the layout (the zero Layout means DefaultLayout) and returns a codec

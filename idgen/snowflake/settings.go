@@ -2,6 +2,7 @@ package snowflake
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"runtime"
@@ -129,7 +130,7 @@ var (
 	// #106). It matches idgen.ErrUnavailable with errors.Is as well.
 	ErrTimeOverflow = fmt.Errorf("snowflake: time bits exhausted, no IDs can be issued: %w", idgen.ErrUnavailable)
 	// ErrNoSource: Settings.Source is nil.
-	ErrNoSource = fmt.Errorf("snowflake: no worker ID source configured")
+	ErrNoSource = errors.New("snowflake: no worker ID source configured")
 )
 
 // config is the validated form of Settings.

@@ -2,14 +2,17 @@ package proxy
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/leafproxy/leafproxy/internal/testenv"
 	"github.com/leafproxy/leafproxy/rewrite"
@@ -402,4 +405,94 @@ func TestRewritingPassThrough(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestRewriteOrderUnderPipelining sends simple Queries back to back without waiting: the
+// proxy's own answers (a refusal, the fast path) must come after the server's answers to
+// the queries before them.
+func TestRewriteOrderUnderPipelining(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p, _ := rewritingProxy(t, db)
+	ctx := testContext(t)
+	pg, err := pgconn.Connect(ctx, p.url(db))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc, err := pg.Hijack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hc.Conn.Close()
+	fe := hc.Frontend
+	fe.Send(&pgproto3.Query{String: "SELECT pg_sleep(0.2)::text || 'slow'"})
+	fe.Send(&pgproto3.Query{String: "SELECT leaf_next('x') FROM generate_series(1, 2)"})
+	fe.Send(&pgproto3.Query{String: "SELECT leaf_next('x')"})
+	fe.Send(&pgproto3.Parse{Query: "SELECT 'extended'"})
+	fe.Send(&pgproto3.Bind{})
+	fe.Send(&pgproto3.Execute{})
+	fe.Send(&pgproto3.Sync{})
+	fe.Send(&pgproto3.Query{String: "SELECT 1 FROM generate_series(1, 2) WHERE leaf_next('x') > 0"})
+	fe.Send(&pgproto3.Query{String: "SELECT 'last'"})
+	if err := fe.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	_ = hc.Conn.SetDeadline(time.Now().Add(10 * time.Second))
+	var got []string
+	for len(got) < 12 {
+		msg, err := fe.Receive()
+		if err != nil {
+			t.Fatalf("after %q: %v", got, err)
+		}
+		switch m := msg.(type) {
+		case *pgproto3.DataRow:
+			got = append(got, "row:"+string(m.Values[0]))
+		case *pgproto3.ErrorResponse:
+			got = append(got, "error:"+m.Code)
+		case *pgproto3.ReadyForQuery:
+			got = append(got, "ready")
+		}
+	}
+	want := "row:slow ready error:0A000 ready row:1001 ready row:extended ready error:0A000 ready row:last ready"
+	if strings.Join(got, " ") != want {
+		t.Fatalf("responses\n%s\nwant\n%s", strings.Join(got, " "), want)
+	}
+}
+
+// TestRewriteLibPQ uses database/sql with lib/pq, which checks the number of parameters a
+// prepared statement describes against the arguments it is given.
+func TestRewriteLibPQ(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p, _ := rewritingProxy(t, db)
+	conn, err := sql.Open("postgres", p.url(db))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.Exec("CREATE TABLE orders (id int8 PRIMARY KEY, item text)"); err != nil {
+		t.Fatal(err)
+	}
+	stmt, err := conn.Prepare("INSERT INTO orders (item) VALUES ($1) RETURNING id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stmt.Close()
+	var last int64
+	for i := range 20 {
+		var id int64
+		if err := stmt.QueryRow(fmt.Sprint("item", i)).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		if id <= last {
+			t.Fatalf("id %d after %d", id, last)
+		}
+		last = id
+	}
+	var id int64
+	var tag string
+	if err := conn.QueryRow("SELECT leaf_next($1), $2::text", "other", "t").Scan(&id, &tag); err != nil {
+		t.Fatal(err)
+	}
+	if id <= 1000 || tag != "t" {
+		t.Fatalf("id %d tag %q", id, tag)
+	}
 }

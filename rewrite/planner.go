@@ -20,6 +20,7 @@ type planner struct {
 
 	edits     []slotEdit
 	err       *Error
+	leafText  bool           // the text mentions leaf_ at all: otherwise no call can be found
 	tagArgs   map[int32]bool // locations of $n used as leaf_next tags
 	tagParams map[int]bool   // n used as a leaf_next tag
 	refParams map[int]bool   // n referenced anywhere else
@@ -42,7 +43,7 @@ type slotEdit struct {
 }
 
 func newPlanner(rw *Rewriter, sql string, toks *tokens) *planner {
-	return &planner{rw: rw, sql: sql, toks: toks,
+	return &planner{rw: rw, sql: sql, toks: toks, leafText: containsFold(sql, "leaf_"),
 		tagArgs: map[int32]bool{}, tagParams: map[int]bool{}, refParams: map[int]bool{}}
 }
 
@@ -313,6 +314,9 @@ func (p *planner) targets(s *pg_query.SelectStmt) {
 // once plans an expression PostgreSQL evaluates once per execution: each
 // leaf_* call in it becomes a slot; subqueries inside it are refused.
 func (p *planner) once(n *pg_query.Node) {
+	if !p.leafText {
+		return // no leaf_* call anywhere in the text
+	}
 	visit := func(m proto.Message) bool {
 		switch x := m.(type) {
 		case *pg_query.FuncCall:
@@ -337,7 +341,7 @@ func (p *planner) once(n *pg_query.Node) {
 // refuse walks m (without the fields in skip) for leaf_* calls and INSERTs
 // that would need an ID where PostgreSQL does not evaluate them once.
 func (p *planner) refuse(m proto.Message, where string, skip ...string) {
-	if m == nil {
+	if m == nil || (!p.leafText && len(p.rw.fill) == 0) {
 		return
 	}
 	visit := func(c proto.Message) bool {

@@ -83,6 +83,15 @@ func plan(rw *Rewriter, sql string) (*Plan, error) {
 	}
 	out := &Plan{sql: sql, MaxParam: p.maxParam}
 	out.edits, out.Slots = p.number(func(i int) string { return "" })
+	pos := 0
+	for _, e := range out.edits {
+		// Rendering copies the text between edits; overlapping edits would
+		// be a planner bug, caught here rather than as a panic in the proxy.
+		if e.start < pos || e.end < e.start || e.end > len(sql) {
+			return nil, p.errAt(codeInternal, e.start, "", "rewrite: overlapping edits")
+		}
+		pos = e.end
+	}
 	for n := range p.tagParams {
 		if !p.refParams[n] {
 			out.UnreferencedParams = append(out.UnreferencedParams, n)
@@ -93,6 +102,13 @@ func plan(rw *Rewriter, sql string) (*Plan, error) {
 		out.SessionRefs = p.refs
 	} else {
 		out.Prepare, out.Execute, out.Deallocate, out.exec = p.prepare, p.execute, p.deallocate, p.exec
+		if x := out.exec; x != nil {
+			for _, e := range out.edits {
+				if x.pos > len(sql) || (e.start < x.pos && x.pos < e.end) {
+					return nil, p.errAt(codeInternal, x.pos, "", "rewrite: EXECUTE arguments overlap an edit")
+				}
+			}
+		}
 		out.FastPath = fastPath(tree.Stmts[0].Stmt, out.Slots)
 	}
 	return out, nil

@@ -132,7 +132,7 @@ func TestRealClients(t *testing.T) {
 
 	t.Run("psql", func(t *testing.T) {
 		psql := lookTool(t, "psql")
-		out := runTool(t, "", nil, psql, "-X", "-At", "-v", "ON_ERROR_STOP=1", "-d", url,
+		out := runTool(t, "", nil, psql, "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-d", url,
 			"-c", "INSERT INTO client_rows (client) VALUES ('psql') RETURNING id",
 			"-c", "INSERT INTO client_rows (client) VALUES ('psql 2'), ('psql 3') RETURNING id")
 		ids := parseIDs(t, out)

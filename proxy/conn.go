@@ -6,7 +6,6 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -280,5 +279,3 @@ func startupParams(packet []byte) map[string]string {
 	}
 	return params
 }
-
-var errClientGone = errors.New("client closed the connection")

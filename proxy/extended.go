@@ -64,6 +64,9 @@ func (c *conn) onParse(n int) error {
 
 	clientOIDs := len(oids) / 4
 	params := max(clientOIDs, plan.MaxParam)
+	if params+len(slots) > 65535 {
+		return c.refuseExtended(&rewrite.Error{Code: codeProgramLimitExceeded, Message: "too many parameters with the hidden leaf ID parameters"})
+	}
 	out := append(s.outBuf[:0], name...)
 	out = append(out, 0)
 	if extra > 0 {
@@ -90,9 +93,6 @@ func (c *conn) onParse(n int) error {
 	}
 	for range slots {
 		out = binary.BigEndian.AppendUint32(out, oidInt8)
-	}
-	if params+len(slots) > 65535 {
-		return c.refuseExtended(&rewrite.Error{Code: codeProgramLimitExceeded, Message: "too many parameters with the hidden leaf ID parameters"})
 	}
 	s.outBuf = keepSmall(out)
 

@@ -168,15 +168,14 @@ func readStartupPacket(r io.Reader) ([]byte, error) {
 
 // Error severities and SQLSTATE codes the proxy itself reports.
 const (
-	codeConnectionFailure        = "08006" // connection_failure
-	codeConnectionUnable         = "08001" // sqlclient_unable_to_establish_sqlconnection
-	codeProtocolViolation        = "08P01" // protocol_violation
-	codeTooManyConnections       = "53300" // too_many_connections
-	codeAdminShutdown            = "57P01" // admin_shutdown
-	codeFeatureNotSupported      = "0A000" // feature_not_supported
-	codeProgramLimitExceeded     = "54000" // program_limit_exceeded
-	codeInvalidAuthSpecification = "28000" // invalid_authorization_specification
-	severityFatal                = "FATAL"
+	codeConnectionFailure    = "08006" // connection_failure
+	codeConnectionUnable     = "08001" // sqlclient_unable_to_establish_sqlconnection
+	codeProtocolViolation    = "08P01" // protocol_violation
+	codeTooManyConnections   = "53300" // too_many_connections
+	codeAdminShutdown        = "57P01" // admin_shutdown
+	codeFeatureNotSupported  = "0A000" // feature_not_supported
+	codeProgramLimitExceeded = "54000" // program_limit_exceeded
+	severityFatal            = "FATAL"
 )
 
 // fatal encodes a FATAL ErrorResponse.

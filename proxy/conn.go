@@ -77,7 +77,7 @@ func (c *conn) serve() {
 	params := startupParams(packet)
 	c.log = c.log.WithFields(logrus.Fields{"user": params["user"], "database": params["database"]})
 	if s.inShutdown.Load() {
-		c.refuse("57P03", "the database system is shutting down")
+		c.refuse(codeCannotConnectNow, "the database system is shutting down")
 		return
 	}
 	if !s.acquireSession() {
@@ -88,8 +88,10 @@ func (c *conn) serve() {
 		return
 	}
 	if err := c.connectUpstream(packet); err != nil {
+		// The details (addresses, TLS failures) go to the log, not to a client that has
+		// not authenticated.
 		c.log.WithError(err).Warn("cannot connect to upstream")
-		c.refuse(codeConnectionUnable, "could not connect to the upstream server: "+err.Error())
+		c.refuse(codeConnectionUnable, "could not connect to the upstream server")
 		return
 	}
 	if err := c.authenticate(); err != nil {

@@ -16,6 +16,12 @@ func (c *conn) relay() {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		defer func() {
+			if r := recover(); r != nil {
+				c.log.WithField("panic", r).Error("connection handler panicked")
+				c.close()
+			}
+		}()
 		if err := c.relayToClient(); err != nil && !c.isClosed() {
 			c.log.WithError(err).Debug("upstream side ended")
 		}

@@ -172,6 +172,7 @@ const (
 	codeConnectionUnable     = "08001" // sqlclient_unable_to_establish_sqlconnection
 	codeProtocolViolation    = "08P01" // protocol_violation
 	codeTooManyConnections   = "53300" // too_many_connections
+	codeCannotConnectNow     = "57P03" // cannot_connect_now
 	codeAdminShutdown        = "57P01" // admin_shutdown
 	codeFeatureNotSupported  = "0A000" // feature_not_supported
 	codeProgramLimitExceeded = "54000" // program_limit_exceeded

@@ -230,8 +230,15 @@ func (p *planner) statement(n *pg_query.Node, start, end int) {
 	}
 }
 
+// statementName names a statement kind for an error message.
 func statementName(m proto.Message) string {
 	name := string(m.ProtoReflect().Descriptor().Name())
+	switch name {
+	case "DeclareCursorStmt":
+		return "DECLARE CURSOR"
+	case "CreateTrigStmt", "CreateFunctionStmt":
+		return "a function or trigger definition"
+	}
 	switch {
 	case strings.HasPrefix(name, "Create"), strings.HasPrefix(name, "Alter"), strings.HasPrefix(name, "Define"), name == "ViewStmt", name == "RuleStmt":
 		return "DDL (" + name + ")"

@@ -125,10 +125,10 @@ func (r *msgReader) copyBody(w *bufio.Writer, n int) error {
 
 // writeHeader writes a message header for a body of n bytes.
 func writeHeader(w *bufio.Writer, typ byte, n int) error {
-	var h [5]byte
-	h[0] = typ
-	binary.BigEndian.PutUint32(h[1:], uint32(n+4))
-	_, err := w.Write(h[:])
+	// Appending to the writer's own free space keeps the header off the heap.
+	h := append(w.AvailableBuffer(), typ)
+	h = binary.BigEndian.AppendUint32(h, uint32(n+4))
+	_, err := w.Write(h)
 	return err
 }
 

@@ -12,6 +12,7 @@ const (
 	originLeafNext    = "leaf_next"
 	originOrderInsert = "insert orders"
 	originItemInsert  = "insert items"
+	originRolledBack  = "insert rolled back"
 	originHTTP        = "http"
 	originClient      = "client"
 )

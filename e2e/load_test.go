@@ -74,6 +74,58 @@ func insertIDs(ctx context.Context, c *pgx.Conn, ns, origin string, want int, sq
 
 var simple = pgx.QueryExecModeSimpleProtocol
 
+// pipelinedBatch sends fast-path, rewritten and plain statements in one pipeline: the
+// answers must come back in order, each to its own statement.
+func pipelinedBatch(ctx context.Context, c *pgx.Conn, client string) ([]gotID, error) {
+	b := &pgx.Batch{}
+	b.Queue("SELECT leaf_next('" + segA + "')")
+	b.Queue("INSERT INTO orders (item, client) VALUES ($1, $2) RETURNING id", "batch", client)
+	b.Queue("SELECT 4242::bigint")
+	b.Queue("SELECT leaf_next('" + snowOrder + "')")
+	br := c.SendBatch(ctx, b)
+	var seg, order, plain, snow int64
+	for _, dst := range []*int64{&seg, &order, &plain, &snow} {
+		if err := br.QueryRow().Scan(dst); err != nil {
+			br.Close()
+			return nil, err
+		}
+	}
+	if err := br.Close(); err != nil {
+		return nil, err
+	}
+	if plain != 4242 {
+		return nil, fmt.Errorf("wrong data: the pipeline's plain SELECT answered %d, want 4242", plain)
+	}
+	return []gotID{{segA, seg, originLeafNext}, {snowflakeNamespace, order, originOrderInsert}, {snowflakeNamespace, snow, originLeafNext}}, nil
+}
+
+// transaction fills an INSERT and asks for an ID (the fast path, inside a transaction
+// block) and commits or rolls back. A rolled-back ID is spent: it must never come again.
+func transaction(ctx context.Context, c *pgx.Conn, client string, commit bool) ([]gotID, error) {
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback(context.Background())
+	var order, seg int64
+	if err := tx.QueryRow(ctx, "INSERT INTO orders (item, client) VALUES ('tx', $1) RETURNING id", client).Scan(&order); err != nil {
+		return nil, err
+	}
+	if err := tx.QueryRow(ctx, "SELECT leaf_next('"+segB+"')").Scan(&seg); err != nil {
+		return nil, err
+	}
+	if !commit {
+		if err := tx.Rollback(ctx); err != nil {
+			return nil, err
+		}
+		return []gotID{{snowflakeNamespace, order, originRolledBack}, {segB, seg, originLeafNext}}, nil
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, err
+	}
+	return []gotID{{snowflakeNamespace, order, originOrderInsert}, {segB, seg, originLeafNext}}, nil
+}
+
 var loadOps = []loadOp{
 	{name: "segment simple", weight: 3, run: func(ctx context.Context, c *pgx.Conn, _ string) ([]gotID, error) {
 		return selectIDs(ctx, c, "SELECT leaf_next('"+segA+"')", []string{segA}, simple)
@@ -97,6 +149,13 @@ var loadOps = []loadOp{
 	{name: "filled insert orders", weight: 3, rows: 1, origin: originOrderInsert, run: func(ctx context.Context, c *pgx.Conn, client string) ([]gotID, error) {
 		return insertIDs(ctx, c, snowflakeNamespace, originOrderInsert, 1,
 			"INSERT INTO orders (item, client) VALUES ($1, $2) RETURNING id", "book", client)
+	}},
+	{name: "pipelined batch", weight: 1, rows: 1, origin: originOrderInsert, run: pipelinedBatch},
+	{name: "transaction commit", weight: 1, rows: 1, origin: originOrderInsert, run: func(ctx context.Context, c *pgx.Conn, client string) ([]gotID, error) {
+		return transaction(ctx, c, client, true)
+	}},
+	{name: "transaction rollback", weight: 1, run: func(ctx context.Context, c *pgx.Conn, client string) ([]gotID, error) {
+		return transaction(ctx, c, client, false)
 	}},
 	{name: "filled insert items", weight: 2, rows: 2, origin: originItemInsert, run: func(ctx context.Context, c *pgx.Conn, _ string) ([]gotID, error) {
 		return insertIDs(ctx, c, segItem, originItemInsert, 2,
@@ -324,17 +383,16 @@ func (l *Load) client(ctx context.Context, p *Proxy, n int) {
 			conn = c
 		}
 		op := pickOp(r)
-		sctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		// Stopping the load never cancels a statement: an INSERT cut off mid-flight
+		// would leave a row whose ID nobody heard of.
+		sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 		got, err := op.run(sctx, conn, name)
 		cancel()
 		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
 			conn.Close(context.Background())
 			conn = nil
 			isConn := isConnError(err)
-			if isConn && op.rows > 0 {
+			if op.rows > 0 {
 				l.coll.Uncertain(op.origin, op.rows)
 			}
 			l.fail(loadErr{p.Name, n, op.name, time.Now(), err, isConn})

@@ -185,6 +185,13 @@ func checkStoredUnique(t testing.TB, f *fixture, c *Collector) {
 		if missing > 0 {
 			t.Errorf("%s: %d IDs returned by INSERT … RETURNING are not in the table", tbl.table, missing)
 		}
+		if tbl.table == ordersTable {
+			for _, id := range c.ByOrigin(originRolledBack) {
+				if stored[id] {
+					t.Errorf("orders holds ID %d of a rolled-back INSERT", id)
+				}
+			}
+		}
 		unknown := c.UncertainInserts(tbl.origin)
 		if extra := len(stored) - len(returned); extra < 0 || extra > unknown {
 			t.Errorf("%s holds %d rows, clients were told of %d and %d INSERTs ended with a broken connection",

@@ -54,7 +54,8 @@ func (a *app) workerSource() (worker.Source, error) {
 }
 
 // advertisedAddr is the ip:port that names this proxy to the worker-ID source: Leaf keys
-// its ZooKeeper node on it, and the lease table records it as the holder.
+// its ZooKeeper node on it, and the lease table records it as the holder. The port is the
+// listen port; the IP is the listen address unless that is loopback or unspecified.
 func (a *app) advertisedAddr() string {
 	if a.cfg.AdvertisedAddr != "" {
 		return a.cfg.AdvertisedAddr
@@ -63,7 +64,9 @@ func (a *app) advertisedAddr() string {
 	if err != nil {
 		return a.cfg.Listen
 	}
-	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+	// A loopback address names no machine: two hosts both listening on 127.0.0.1:6432
+	// would share one ZooKeeper node, hence one worker ID. Use the host's address instead.
+	if ip := net.ParseIP(host); host == "" || host == "localhost" || ip != nil && (ip.IsUnspecified() || ip.IsLoopback()) {
 		host = firstNonLoopbackIP()
 	}
 	return net.JoinHostPort(host, port)
@@ -85,6 +88,9 @@ func firstNonLoopbackIP() string {
 
 // ready reports whether both engines can issue IDs now, and if not, why.
 func (a *app) ready(ctx context.Context) error {
+	if a.stopping.Load() {
+		return errors.New("shutting down")
+	}
 	var problems []string
 	if a.snowflake != nil {
 		if in := a.snowflake.Info(); !in.Running {

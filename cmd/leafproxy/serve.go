@@ -82,6 +82,7 @@ type app struct {
 	rates     *metrics.RateMeter
 	segment   *segment.Engine
 	segReady  atomic.Bool // the segment engine's Start returned
+	stopping  atomic.Bool // shutdown began: /readyz fails so load balancers drain us
 	snowflake *snowflake.Engine
 	router    *idgen.Router
 	proxy     *proxy.Server
@@ -245,6 +246,7 @@ func (a *app) run(ctx context.Context) (err error) {
 		return fmt.Errorf("proxy stopped: %w", err)
 	case <-ctx.Done():
 	}
+	a.stopping.Store(true)
 	log.Info("shutting down: no new connections; waiting for sessions to finish")
 	shutCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
 	defer cancel()

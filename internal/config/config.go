@@ -182,7 +182,7 @@ var settings = []setting{
 		field: func(c *Config) any { return &c.ZooKeeper }},
 	{name: "zk-name", arg: "NAME", usage: "name under /snowflake/ in ZooKeeper (Leaf's leaf.name); also the leaf_worker_lease holder prefix",
 		field: func(c *Config) any { return &c.ZooKeeperName }},
-	{name: "advertise", arg: "IP:PORT", usage: "ip:port that identifies this proxy to the worker-ID source (default: the listen address, or the first non-loopback IP when listening on all interfaces)",
+	{name: "advertise", arg: "IP:PORT", usage: "ip:port that identifies this proxy to the worker-ID source (default: the listen port with the listen IP, or with the first non-loopback IPv4 when listening on loopback or all interfaces)",
 		field: func(c *Config) any { return &c.AdvertisedAddr }},
 	{name: "snowflake-tags", arg: "TAG,...", usage: "tags served by the snowflake engine, comma-separated; every other tag is a segment tag",
 		field: func(c *Config) any { return &c.SnowflakeTags }},

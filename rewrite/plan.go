@@ -152,8 +152,9 @@ type execEdit struct {
 	hasArgs bool
 }
 
-// IDs returns how many IDs one execution of the plan needs when the
-// statement prepared under Execute.Name has prepared slots.
+// IDs returns how many IDs AppendLiteral needs for one execution: one per
+// slot, plus, for an EXECUTE, the number of slots the session recorded for
+// the prepared statement Execute.Name.
 func (p *Plan) IDs(prepared int) int {
 	if p.exec == nil {
 		return len(p.Slots)

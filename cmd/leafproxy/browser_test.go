@@ -59,6 +59,7 @@ func runChromium(t *testing.T, bin string, args ...string) string {
 // TestStatusPageInBrowser renders the status page in headless Chromium: the DOM it builds
 // shows the tags and the worker ID, and a screenshot is kept as an artifact.
 func TestStatusPageInBrowser(t *testing.T) {
+	t.Parallel()
 	bin := chromium(t)
 	dsn := newStore(t)
 	s := startServe(t, nil, serveArgs(t, dsn, 421)...)

@@ -53,6 +53,7 @@ func TestHelp(t *testing.T) {
 // TestServeConfigErrors checks that serve refuses a bad configuration before doing
 // anything, naming the key and where the value came from, with exit status 2.
 func TestServeConfigErrors(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	n := 0
 	file := func(body string) string {
@@ -99,6 +100,7 @@ func TestServeConfigErrors(t *testing.T) {
 }
 
 func TestMigrate(t *testing.T) {
+	t.Parallel()
 	dsn := testenv.NewDatabase(t)
 	if out := mustRun(t, "migrate", "version", "--dsn", dsn); !strings.Contains(out, "version 0 of 2") {
 		t.Errorf("fresh version: %q", out)
@@ -144,6 +146,7 @@ func TestMigrate(t *testing.T) {
 }
 
 func TestTagCommands(t *testing.T) {
+	t.Parallel()
 	dsn := testenv.NewDatabase(t)
 	mustRun(t, "migrate", "up", "--dsn", dsn)
 	if out := mustRun(t, "tag", "add", "order", "--step", "1000", "--description", "orders", "--dsn", dsn); !strings.Contains(out, "first ID 2") {
@@ -207,6 +210,7 @@ func TestTagCommands(t *testing.T) {
 }
 
 func TestDecode(t *testing.T) {
+	t.Parallel()
 	at := time.Date(2025, 3, 4, 5, 6, 7, 890e6, time.UTC)
 	for _, tc := range []struct {
 		name  string

@@ -44,6 +44,7 @@ func waitReady(s *server) {
 }
 
 func TestHTTPEndpoints(t *testing.T) {
+	t.Parallel()
 	dsn := newStore(t)
 	s := startServe(t, nil, serveArgs(t, dsn, 77)...)
 	waitReady(s)
@@ -139,6 +140,7 @@ func metricValue(t *testing.T, text, series string) float64 {
 }
 
 func TestMetricsMove(t *testing.T) {
+	t.Parallel()
 	dsn := newStore(t)
 	s := startServe(t, nil, serveArgs(t, dsn, 5)...)
 	waitReady(s)
@@ -206,6 +208,7 @@ func proxyURL(t *testing.T, dsn, listen string) string {
 }
 
 func TestToken(t *testing.T) {
+	t.Parallel()
 	dsn := newStore(t)
 	s := startServe(t, []string{"LEAFPROXY_HTTP_TOKEN=tok-123"}, serveArgs(t, dsn, 6)...)
 	s.waitFor("ready with the token", func() bool {
@@ -239,6 +242,7 @@ func TestToken(t *testing.T) {
 // TestPrecedenceThroughBinary: the admin server ends up where the flag says, not where
 // the environment or the file say.
 func TestPrecedenceThroughBinary(t *testing.T) {
+	t.Parallel()
 	dsn := newStore(t)
 	fileHTTP, envHTTP, flagHTTP := freeAddr(t), freeAddr(t), freeAddr(t)
 	file := writeFile(t, fmt.Sprintf("http: %s\nstore: %s\nworker-source: static\nworker-id: 9\nlog-format: json\n", fileHTTP, dsn))

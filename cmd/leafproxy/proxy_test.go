@@ -15,6 +15,7 @@ import (
 // TestProxyWiring checks what serve wires into the proxy: the router behind leaf_next and
 // leaf_snowflake, the fill rules, the SQLSTATEs of ID errors and their metric.
 func TestProxyWiring(t *testing.T) {
+	t.Parallel()
 	dsn := newStore(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

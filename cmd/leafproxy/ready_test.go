@@ -16,6 +16,7 @@ import (
 // segments are buffered the proxy stays ready; once the store is down and no IDs are
 // buffered /readyz answers 503 with the reason; when the store returns it is ready again.
 func TestReadyzFollowsTheStore(t *testing.T) {
+	t.Parallel()
 	pg := testenv.NewPostgres(t)
 	dsn := pg.NewDatabase(t)
 	mustRun(t, "migrate", "up", "--dsn", dsn)
@@ -81,6 +82,7 @@ func TestReadyzFollowsTheStore(t *testing.T) {
 // TestGracefulShutdownGivesBack: SIGTERM makes serve exit 0 and hand the unused tail of
 // each segment back, so the next proxy continues right after the last issued ID.
 func TestGracefulShutdownGivesBack(t *testing.T) {
+	t.Parallel()
 	dsn := newStore(t)
 	s := startServe(t, nil, serveArgs(t, dsn, 3)...)
 	waitReady(s)

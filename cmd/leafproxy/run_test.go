@@ -36,6 +36,7 @@ func runScript(t *testing.T, env []string, args ...string) (*exec.Cmd, *syncBuff
 // TestMakeRun runs scripts/run.sh twice on one data directory: the first run creates the
 // cluster, the demo tags and table, the second reuses them; both serve IDs.
 func TestMakeRun(t *testing.T) {
+	t.Parallel()
 	if testenv.FindPostgresBin() == "" {
 		testenv.PostgresURL(t) // skips, or fails under CI, with the reason
 	}

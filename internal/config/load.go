@@ -25,7 +25,7 @@ type Flags struct {
 // its environment variable and default.
 func RegisterFlags(fs *flag.FlagSet) *Flags {
 	f := &Flags{}
-	fs.StringVar(&f.configFile, "config", "", "YAML configuration `FILE` (env "+EnvName("config")+")")
+	fs.StringVar(&f.configFile, "config", "", "read settings from this YAML `FILE` (env "+EnvName("config")+")")
 	def := Defaults()
 	for i := range settings {
 		s := &settings[i]

@@ -182,3 +182,12 @@ func value(t *testing.T, g prometheus.Gauge) float64 {
 	}
 	return d.GetGauge().GetValue()
 }
+
+func BenchmarkUncountedNext(b *testing.B) {
+	var g idgen.Generator = fakeGen{}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		_, _ = g.Next(ctx, "audit")
+	}
+}

@@ -112,3 +112,20 @@ func TestGracefulShutdownGivesBack(t *testing.T) {
 		t.Errorf("first ID after restart = %s, want %d", body, last+1)
 	}
 }
+
+// TestServeWithoutSchema: on a store without the Leaf tables serve exits 1 saying what to
+// run; with --migrate-on-start it creates them and becomes ready.
+func TestServeWithoutSchema(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.NewDatabase(t)
+	args := []string{"serve", "--store", dsn, "--upstream", upstreamOf(t, dsn), "--listen", freeAddr(t), "--http", freeAddr(t)}
+	r := leafproxy(t, nil, args...)
+	if r.code != 1 || !strings.Contains(r.stderr, "leafproxy migrate up") || !strings.Contains(r.stderr, "leaf_worker_lease") {
+		t.Errorf("serve on an empty store: exit %d\n%s", r.code, r.stderr)
+	}
+	s := startServe(t, nil, serveArgs(t, dsn, 4, "--migrate-on-start")...)
+	waitReady(s)
+	if out := mustRun(t, "migrate", "version", "--dsn", dsn); !strings.Contains(out, "version 2 of 2") {
+		t.Errorf("after migrate-on-start: %q", out)
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/sirupsen/logrus"
 
@@ -55,7 +56,23 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	a := &app{cfg: cfg, log: log, started: time.Now()}
-	return a.run(ctx)
+	if err := a.run(ctx); err != nil {
+		err = withSchemaHint(err)
+		// Said once, in the configured log format, so JSON log pipelines see why we exited.
+		log.WithError(err).Error("leafproxy stopped")
+		return &exitError{code: 1, err: err, printed: true}
+	}
+	log.Info("leafproxy stopped")
+	return nil
+}
+
+// withSchemaHint adds what to do when the store lacks the Leaf tables.
+func withSchemaHint(err error) error {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) && pg.Code == "42P01" {
+		return fmt.Errorf("%w (the store has no Leaf schema: run `leafproxy migrate up --dsn URL`, or set migrate-on-start)", err)
+	}
+	return err
 }
 
 func newLogger(cfg *config.Config, w io.Writer) *logrus.Logger {

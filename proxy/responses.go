@@ -108,20 +108,27 @@ func (c *conn) readyForQuery(body []byte) error {
 		if s.cur == cy {
 			s.cur = nil // a server-initiated end of an open cycle (should not happen)
 		}
-		if cy.inject != nil && !cy.failed {
-			if _, err := c.cw.Write(cy.inject); err != nil {
+		inject := cy.inject
+		if cy.failed {
+			inject = nil
+		}
+		s.settleLocked(cy)
+		s.recycleLocked(cy)
+		if inject != nil {
+			if _, err := c.cw.Write(inject); err != nil {
 				return err
 			}
 		}
-		s.settleLocked(cy)
 	}
 	if err := c.writeClient('Z', body); err != nil {
 		return err
 	}
 	for len(s.queue) > 0 && s.queue[0].local != nil {
 		cy := s.popLocked()
+		local := cy.local
+		s.recycleLocked(cy)
 		c.pending.Add(-1)
-		if _, err := c.cw.Write(cy.local); err != nil {
+		if _, err := c.cw.Write(local); err != nil {
 			return err
 		}
 		if err := c.writeClient('Z', body); err != nil {

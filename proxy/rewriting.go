@@ -265,7 +265,9 @@ func (c *conn) refuseQuery(err error) error {
 		s.mu.Unlock()
 		return c.writeLocalLocked(msg)
 	}
-	s.queue = append(s.queue, &cycle{local: msg})
+	cy := s.newCycleLocked()
+	cy.local = msg
+	s.queue = append(s.queue, cy)
 	s.mu.Unlock()
 	c.pending.Add(1)
 	return nil

@@ -51,6 +51,7 @@ type sessionState struct {
 	mu     sync.Mutex
 	stmts  map[string]*statement
 	queue  []*cycle // cycles awaiting their ReadyForQuery, oldest first
+	spare  []*cycle // finished cycles kept for reuse: no allocation per request
 	cur    *cycle   // the open extended-protocol cycle (no Sync yet); also in queue
 	skip   bool     // after a refusal: discard client messages until Sync
 	idsBuf []int64
@@ -136,10 +137,32 @@ func (s *sessionState) settleLocked(cy *cycle) {
 // openLocked returns the open extended-protocol cycle, starting one when there is none.
 func (s *sessionState) openLocked() *cycle {
 	if s.cur == nil {
-		s.cur = &cycle{}
+		s.cur = s.newCycleLocked()
 		s.queue = append(s.queue, s.cur)
 	}
 	return s.cur
+}
+
+// maxSpareCycles bounds the finished cycles a session keeps for reuse.
+const maxSpareCycles = 4
+
+func (s *sessionState) newCycleLocked() *cycle {
+	if n := len(s.spare); n > 0 {
+		cy := s.spare[n-1]
+		s.spare = s.spare[:n-1]
+		return cy
+	}
+	return &cycle{}
+}
+
+// recycleLocked keeps a finished cycle for reuse; nothing may refer to it any more.
+func (s *sessionState) recycleLocked(cy *cycle) {
+	if len(s.spare) >= maxSpareCycles {
+		return
+	}
+	clear(cy.undo) // drop the statements the entries point to
+	*cy = cycle{describes: cy.describes[:0], undo: cy.undo[:0]}
+	s.spare = append(s.spare, cy)
 }
 
 // headLocked returns the oldest cycle awaiting an answer, or nil.
@@ -152,10 +175,10 @@ func (s *sessionState) headLocked() *cycle {
 
 func (s *sessionState) popLocked() *cycle {
 	cy := s.queue[0]
-	s.queue[0] = nil
-	s.queue = s.queue[1:]
-	if len(s.queue) == 0 {
-		s.queue = s.queue[:0:0] // let the backing array go
-	}
+	// Shift rather than reslice so that the backing array is reused; queues are as
+	// short as the client's pipeline.
+	n := copy(s.queue, s.queue[1:])
+	s.queue[n] = nil
+	s.queue = s.queue[:n]
 	return cy
 }

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -494,5 +495,89 @@ func TestRewriteLibPQ(t *testing.T) {
 	}
 	if id <= 1000 || tag != "t" {
 		t.Fatalf("id %d tag %q", id, tag)
+	}
+}
+
+// TestRewriteStatementBookkeeping checks that the statement map follows what the server
+// did, not what the client asked for: a Parse or Close the server skipped or refused must
+// leave the hidden parameters of the existing statement in place.
+func TestRewriteStatementBookkeeping(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p, _ := rewritingProxy(t, db)
+	ctx := testContext(t)
+	conn := connect(t, p.url(db))
+	if _, err := conn.Exec(ctx, "CREATE TABLE orders (id int8 PRIMARY KEY, item text)"); err != nil {
+		t.Fatal(err)
+	}
+	pg := conn.PgConn()
+	insert := func() int64 {
+		t.Helper()
+		res := pg.ExecPrepared(ctx, "ins", [][]byte{[]byte("book")}, nil, nil).Read()
+		if res.Err != nil {
+			t.Fatal(res.Err)
+		}
+		id, err := strconv.ParseInt(string(res.Rows[0][0]), 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	sd, err := pg.Prepare(ctx, "ins", "INSERT INTO orders (item) VALUES ($1) RETURNING id", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sd.ParamOIDs) != 1 {
+		t.Fatalf("described %d parameters", len(sd.ParamOIDs))
+	}
+	first := insert()
+
+	// The server refuses a second statement of the same name.
+	_, err = pg.Prepare(ctx, "ins", "SELECT 1", nil)
+	wantSQLState(t, err, "42P05")
+	if id := insert(); id != first+1 {
+		t.Fatalf("after the refused Parse: id %d, want %d", id, first+1)
+	}
+
+	// A Close skipped after an error in the same cycle does not happen either.
+	pl := pg.StartPipeline(ctx)
+	pl.SendQueryParams("SELECT 1/0", nil, nil, nil, nil)
+	pl.SendDeallocate("ins")
+	if err := pl.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		res, err := pl.GetResults()
+		if err != nil {
+			wantSQLState(t, err, "22012")
+			continue
+		}
+		if res == nil {
+			break
+		}
+		if rr, ok := res.(*pgconn.ResultReader); ok {
+			_, _ = rr.Close()
+		}
+		if _, ok := res.(*pgconn.PipelineSync); ok {
+			break
+		}
+	}
+	if err := pl.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if id := insert(); id != first+2 {
+		t.Fatalf("after the skipped Close: id %d, want %d", id, first+2)
+	}
+
+	// A real Close forgets the statement: a new one under the name has no hidden
+	// parameters.
+	if err := pg.Deallocate(ctx, "ins"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pg.Prepare(ctx, "ins", "SELECT $1::text", nil); err != nil {
+		t.Fatal(err)
+	}
+	res := pg.ExecPrepared(ctx, "ins", [][]byte{[]byte("plain")}, nil, nil).Read()
+	if res.Err != nil || string(res.Rows[0][0]) != "plain" {
+		t.Fatalf("plain statement: %v %q", res.Err, res.Rows)
 	}
 }

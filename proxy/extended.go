@@ -55,15 +55,22 @@ func (c *conn) onParse(n int) error {
 		}
 		extra = len(prepared.slots)
 	}
+	clientOIDs := len(oids) / 4
+	params := max(clientOIDs, plan.MaxParam)
 	if len(slots) == 0 {
+		// Nothing to fill per execution, but the text may still change (a PREPARE
+		// declares the hidden parameters of the statement it creates).
+		out := append(s.outBuf[:0], name...)
+		out = append(out, 0)
+		out = plan.AppendParams(out, params+1)
+		out = append(out, 0)
+		out = append(out, rest...)
+		s.outBuf = keepSmall(out)
 		s.mu.Lock()
 		s.applySQLEffectsLocked(s.openLocked(), plan)
 		s.mu.Unlock()
-		return c.forwardParse(body, name)
+		return c.forwardParse(out, name)
 	}
-
-	clientOIDs := len(oids) / 4
-	params := max(clientOIDs, plan.MaxParam)
 	if params+len(slots) > 65535 {
 		return c.refuseExtended(&rewrite.Error{Code: codeProgramLimitExceeded, Message: "too many parameters with the hidden leaf ID parameters"})
 	}

@@ -343,6 +343,17 @@ func TestRewriteSQLPrepare(t *testing.T) {
 	if _, err := conn.Exec(ctx, "DEALLOCATE ins"); err != nil {
 		t.Fatal(err)
 	}
+	// PREPARE sent through the extended protocol is rewritten the same way.
+	if err := conn.PgConn().ExecParams(ctx, "PREPARE ins2 AS INSERT INTO orders (item) VALUES ($1) RETURNING id", nil, nil, nil, nil).Read().Err; err != nil {
+		t.Fatal(err)
+	}
+	var c int64
+	if err := conn.QueryRow(ctx, "EXECUTE ins2('c')").Scan(&c); err != nil {
+		t.Fatal(err)
+	}
+	if c != b+1 {
+		t.Fatalf("id %d after %d", c, b)
+	}
 	// A failed PREPARE leaves nothing behind: EXECUTE of the name is the server's error.
 	_, err := conn.Exec(ctx, "PREPARE bad AS INSERT INTO orders (item, nope) VALUES ($1, 1)")
 	wantSQLState(t, err, "42703")

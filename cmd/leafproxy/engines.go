@@ -46,6 +46,7 @@ func (a *app) workerSource() (worker.Source, error) {
 			Name:    a.cfg.ZooKeeperName,
 			IP:      host,
 			Port:    port,
+			Now:     a.now,
 			Logger:  a.log,
 			Hooks:   hooks,
 		})

@@ -136,6 +136,12 @@ func upstreamOf(t *testing.T, dsn string) string {
 // free ports unless given) and waits until /healthz answers.
 func startServe(t *testing.T, env []string, args ...string) *server {
 	t.Helper()
+	return startServeBinary(t, binPath, env, args...)
+}
+
+// startServeBinary is startServe with another build of the command.
+func startServeBinary(t *testing.T, bin string, env []string, args ...string) *server {
+	t.Helper()
 	s := &server{t: t, log: newSyncBuffer(), done: make(chan struct{})}
 	joined := " " + strings.Join(args, " ") + " "
 	if !strings.Contains(joined, " --listen ") {
@@ -153,7 +159,7 @@ func startServe(t *testing.T, env []string, args ...string) *server {
 		args = append(args, "--http", httpAddr)
 	}
 	s.http = "http://" + httpAddr
-	s.cmd = exec.Command(binPath, append([]string{"serve"}, args...)...)
+	s.cmd = exec.Command(bin, append([]string{"serve"}, args...)...)
 	s.cmd.Env = append(append(cleanEnv(), "TMPDIR="+t.TempDir()), env...)
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

@@ -88,6 +88,11 @@ func newLogger(cfg *config.Config, w io.Writer) *logrus.Logger {
 	return log
 }
 
+// newTestClock is set only in binaries built with -tags leafproxy_testclock (see
+// testclock.go): it returns a clock for the snowflake engine and the worker sources, and
+// admin handlers that move it.
+var newTestClock func() (snowflake.Clock, func() time.Time, map[string]http.Handler, error)
+
 // app is one running `leafproxy serve`.
 type app struct {
 	cfg     *config.Config
@@ -102,6 +107,9 @@ type app struct {
 	stopping  atomic.Bool // shutdown began: /readyz fails so load balancers drain us
 	snowflake *snowflake.Engine
 	router    *idgen.Router
+	clock     snowflake.Clock  // nil: the system clock
+	now       func() time.Time // the wall clock of the worker sources; nil: time.Now
+	debug     map[string]http.Handler
 	proxy     *proxy.Server
 	http      *http.Server
 }
@@ -147,6 +155,12 @@ func (a *app) run(ctx context.Context) (err error) {
 	}
 	defer a.pool.Close()
 
+	if newTestClock != nil {
+		if a.clock, a.now, a.debug, err = newTestClock(); err != nil {
+			return err
+		}
+		log.Warn("test build: the snowflake clock can be moved through POST /debug/clock")
+	}
 	a.metrics = metrics.New(buildVersion(), a.bufferLevels)
 	a.rates = a.metrics.NewRateMeter(10 * time.Second)
 
@@ -171,6 +185,7 @@ func (a *app) run(ctx context.Context) (err error) {
 		Epoch:        time.UnixMilli(cfg.SnowflakeEpoch),
 		Source:       src,
 		MaxBackwards: cfg.MaxBackwards,
+		Clock:        a.clock,
 		Logger:       log,
 		Hooks: snowflake.Hooks{
 			OnClockBackwards:    a.metrics.ClockBackwards,
@@ -206,6 +221,7 @@ func (a *app) run(ctx context.Context) (err error) {
 				Metrics:   a.metrics.Handler(),
 				Token:     cfg.HTTPToken,
 				Logger:    log,
+				Extra:     a.debug,
 			}),
 			ReadHeaderTimeout: 10 * time.Second,
 		}

@@ -47,6 +47,9 @@ type Options struct {
 	Token string
 	// Logger receives request failures; default logrus.StandardLogger().
 	Logger logrus.FieldLogger
+	// Extra adds handlers by ServeMux pattern ("POST /debug/clock"), behind the token like
+	// every other endpoint; test builds use it.
+	Extra map[string]http.Handler
 }
 
 // Decoded is a snowflake ID split into its parts. WorkerID and SequenceID repeat worker and
@@ -100,6 +103,9 @@ func New(o Options) http.Handler {
 	s.mux.HandleFunc("GET /healthz", s.healthz)
 	s.mux.HandleFunc("GET /readyz", s.readyz)
 	s.mux.HandleFunc("GET /{$}", s.statusPage)
+	for pattern, h := range o.Extra {
+		s.mux.Handle(pattern, h)
+	}
 	if o.Metrics != nil {
 		s.mux.Handle("GET /metrics", o.Metrics)
 	} else {

@@ -217,3 +217,33 @@ func TestRemaining(t *testing.T) {
 		t.Errorf("Remaining with next = %d", got)
 	}
 }
+
+func TestExtraHandlers(t *testing.T) {
+	o := fullOptions()
+	o.Token = "t"
+	o.Extra = map[string]http.Handler{"POST /debug/x": http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "extra")
+	})}
+	srv := newTestServer(t, o)
+	post := func(token string) int {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/debug/x", nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := post(""); code != http.StatusUnauthorized {
+		t.Errorf("extra handler without token = %d", code)
+	}
+	if code := post("t"); code != http.StatusOK {
+		t.Errorf("extra handler with token = %d", code)
+	}
+	if code, _, _ := get(t, srv, "/debug/x", "t"); code != http.StatusMethodNotAllowed {
+		t.Errorf("GET on a POST pattern = %d", code)
+	}
+}

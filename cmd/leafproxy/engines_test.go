@@ -30,3 +30,18 @@ func TestAdvertisedAddr(t *testing.T) {
 		t.Errorf("firstNonLoopbackIP() = %q, want an IPv4 address", hostIP)
 	}
 }
+
+func TestProbeAddr(t *testing.T) {
+	for in, want := range map[string]string{
+		"0.0.0.0:8080":  "127.0.0.1:8080",
+		":8080":         "127.0.0.1:8080",
+		"[::]:8080":     "127.0.0.1:8080",
+		"10.0.0.5:8080": "10.0.0.5:8080",
+		"localhost:9":   "localhost:9",
+		"[::1]:8080":    "[::1]:8080",
+	} {
+		if got := probeAddr(in); got != want {
+			t.Errorf("probeAddr(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -24,13 +25,9 @@ func healthcheckCmd(args []string, stdout, stderr io.Writer) error {
 	if *addr == "" {
 		*addr = "127.0.0.1:8080"
 	}
-	// A proxy listening on all interfaces is reached on loopback.
-	if strings.HasPrefix(*addr, ":") || strings.HasPrefix(*addr, "0.0.0.0:") {
-		*addr = "127.0.0.1" + (*addr)[strings.LastIndexByte(*addr, ':'):]
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+*addr+*path, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+probeAddr(*addr)+*path, nil)
 	if err != nil {
 		return usageError("healthcheck: %v", err)
 	}
@@ -48,4 +45,17 @@ func healthcheckCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprint(stdout, string(body))
 	return nil
+}
+
+// probeAddr turns a listen address into one to dial: a server listening on all interfaces
+// is reached on loopback.
+func probeAddr(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		host = "127.0.0.1"
+	}
+	return net.JoinHostPort(host, port)
 }

@@ -83,3 +83,18 @@ func BenchmarkNextParallelTags(b *testing.B) {
 		}
 	})
 }
+
+// TestNextDoesNotAllocate keeps the hot path allocation-free without a benchmark run.
+func TestNextDoesNotAllocate(t *testing.T) {
+	store := &benchStore{tags: []string{"order"}}
+	e := startEngine(t, store, segment.Settings{})
+	ctx := context.Background()
+	mustNext(t, e, "order")
+	if n := testing.AllocsPerRun(10_000, func() {
+		if _, err := e.Next(ctx, "order"); err != nil {
+			t.Fatal(err)
+		}
+	}); n != 0 {
+		t.Fatalf("Next allocates %v times per call with IDs buffered, want 0", n)
+	}
+}

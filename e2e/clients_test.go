@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	_ "github.com/lib/pq" // registers database/sql driver "postgres"
 	gormpg "gorm.io/driver/postgres"
 	"gorm.io/gorm"
@@ -171,6 +173,37 @@ func TestRealClients(t *testing.T) {
 			t.Fatal(err)
 		}
 		stored(t, "pgx", ids)
+	})
+
+	t.Run("pgx cancel", func(t *testing.T) {
+		// A CancelRequest reaches the right backend through the proxy, and the session
+		// stays usable for the next filled INSERT.
+		ctx := context.Background()
+		conn, err := pgx.Connect(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		cancelErr := make(chan error, 1)
+		go func() {
+			<-time.After(300 * time.Millisecond)
+			cancelErr <- conn.PgConn().CancelRequest(ctx)
+		}()
+		began := time.Now()
+		_, err = conn.Exec(ctx, "SELECT pg_sleep(30)")
+		if err := <-cancelErr; err != nil {
+			t.Fatalf("CancelRequest: %v", err)
+		}
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "57014" {
+			t.Fatalf("pg_sleep(30) cancelled after 300 ms: got %v after %v, want SQLSTATE 57014", err, time.Since(began))
+		}
+		t.Logf("cancelled after %v", time.Since(began).Round(time.Millisecond))
+		var id int64
+		if err := conn.QueryRow(ctx, "INSERT INTO client_rows (client) VALUES ('pgx after cancel') RETURNING id").Scan(&id); err != nil {
+			t.Fatalf("after the cancel: %v", err)
+		}
+		stored(t, "pgx after cancel", []int64{id})
 	})
 
 	t.Run("database/sql+lib/pq", func(t *testing.T) {

@@ -1,7 +1,10 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -92,6 +95,7 @@ func TestThreeProxiesUnderLoad(t *testing.T) {
 		}
 		workers[ws[0]] = p.Name
 	}
+	checkDecode(t, coll, proxies)
 	t.Logf("FIGURE load: %d proxies × %d clients for %v: %d statements (%.0f/s), %d IDs (%.0f/s), %d errors, workers %v",
 		len(proxies), clientsPerProxy, d, load.Total(), float64(load.Total())/d.Seconds(),
 		coll.Len(), float64(coll.Len())/d.Seconds(), len(errs), workers)
@@ -180,4 +184,43 @@ func TestCrashRestartUnderLoad(t *testing.T) {
 	}
 	t.Logf("FIGURE crash: restart to ready %v, first 50 statements after ready in %v, %d connection errors on the killed proxy's clients, %d IDs after restart checked against %d before",
 		restart.Round(time.Millisecond), recovery.Round(time.Millisecond), connErrs, len(after), coll.Len()-len(after))
+}
+
+// checkDecode asks `leafproxy decode` about one snowflake ID of each proxy: the command
+// must split it the way the layout says.
+func checkDecode(t testing.TB, coll *Collector, proxies []*Proxy) {
+	t.Helper()
+	args := []string{"decode"}
+	var ids []int64
+	for _, p := range proxies {
+		rows := coll.Select(func(r IDRow) bool { return r.Proxy == p.Name && r.Namespace == snowflakeNamespace })
+		if len(rows) > 0 {
+			ids = append(ids, rows[len(rows)/2].ID)
+			args = append(args, strconv.FormatInt(rows[len(rows)/2].ID, 10))
+		}
+	}
+	if len(ids) == 0 {
+		return
+	}
+	out, err := runLeafproxy(t, args...)
+	if err != nil {
+		t.Errorf("leafproxy %s: %v\n%s", strings.Join(args, " "), err, out)
+		return
+	}
+	dec := json.NewDecoder(strings.NewReader(out))
+	for _, id := range ids {
+		var got struct {
+			Timestamp int64 `json:"timestamp"`
+			Worker    int64 `json:"worker"`
+			Sequence  int64 `json:"sequence"`
+		}
+		if err := dec.Decode(&got); err != nil {
+			t.Errorf("leafproxy decode output %q: %v", out, err)
+			return
+		}
+		at, w, seq := decodeSnowflake(id)
+		if got.Timestamp != at.UnixMilli() || got.Worker != w || got.Sequence != seq {
+			t.Errorf("leafproxy decode %d = %+v, want timestamp %d worker %d sequence %d", id, got, at.UnixMilli(), w, seq)
+		}
+	}
 }

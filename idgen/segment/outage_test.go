@@ -3,6 +3,7 @@ package segment_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -211,5 +212,54 @@ func TestCloseDuringOutageIsPrompt(t *testing.T) {
 	calls := len(store.allocations())
 	if calls != 1 {
 		t.Fatalf("%d successful allocations, want 1", calls)
+	}
+}
+
+// TestMaxIDMovedBackwardsIsRefused: someone lowers max_id by hand under a running engine.
+// The engine must not hand out the overlapping range again; it reports the store as
+// unavailable until max_id is past what it reserved.
+func TestMaxIDMovedBackwardsIsRefused(t *testing.T) {
+	store := newFakeStore()
+	store.addTag("t", 10, 1000)
+	e := startEngine(t, store, segment.Settings{MaxStep: 10})
+	seen := map[int64]bool{}
+	for range 5 {
+		seen[mustNext(t, e, "t")] = true // the preload of (1010, 1020] runs meanwhile
+	}
+	eventually(t, "the preload", func() bool { return snapshotOf(t, e, "t").NextReady })
+	// Back to 0: the engine's retries would need a hundred refused reservations to get
+	// past 1020 by themselves, far longer than the loop below takes.
+	store.mu.Lock()
+	store.rows["t"].max = 0
+	store.mu.Unlock()
+
+	var err error
+	for range 100 {
+		var id int64
+		if id, _, err = nextWithin(e, "t"); err != nil {
+			break
+		}
+		if seen[id] {
+			t.Fatalf("ID %d handed out twice after max_id moved backwards", id)
+		}
+		seen[id] = true
+	}
+	if !errors.Is(err, idgen.ErrUnavailable) {
+		t.Fatalf("Next after max_id moved backwards: %v, want ErrUnavailable", err)
+	}
+	if s := snapshotOf(t, e, "t"); !strings.Contains(s.LastError, "moved backwards") {
+		t.Fatalf("snapshot error %q does not say max_id moved backwards", s.LastError)
+	}
+	// Once max_id is past our reservations again, the engine carries on by itself.
+	store.mu.Lock()
+	store.rows["t"].max = 5000
+	store.mu.Unlock()
+	var id int64
+	eventually(t, "recovery", func() bool {
+		id, _, err = nextWithin(e, "t")
+		return err == nil
+	})
+	if id <= 5000 || seen[id] {
+		t.Fatalf("after recovery Next = %d, want a fresh ID above 5000", id)
 	}
 }

@@ -32,19 +32,20 @@ func startProxies(t testing.TB, fx *fixture, n int, mutate func(i int, c *ProxyC
 	return out
 }
 
-// zkWorkers configures proxies to take worker IDs from ZooKeeper under a name of their own,
-// so that tests sharing a ZooKeeper never see each other's nodes.
-func zkWorkers(t testing.TB, servers []string) func(int, *ProxyConfig) {
+// zkName returns a ZooKeeper name (--zk-name) of the test's own, so that tests sharing a
+// ZooKeeper never see each other's nodes.
+func zkName(t testing.TB) string {
+	return fmt.Sprintf("e2e-%s-%d", sanitize(t.Name()), time.Now().UnixNano())
+}
+
+// zkWorkers configures proxies to take worker IDs from ZooKeeper under name.
+func zkWorkers(t testing.TB, servers []string, name string) func(int, *ProxyConfig) {
 	t.Helper()
-	requireServeFlags(t, "worker-source", "zk")
-	name := fmt.Sprintf("e2e-%s-%d", sanitize(t.Name()), time.Now().UnixNano())
-	withName := hasFlag(t, "serve", "zk-name")
+	requireServeFlags(t, "worker-source", "zk", "zk-name")
 	return func(_ int, c *ProxyConfig) {
 		c.WorkerSource = "zookeeper"
 		c.ZK = servers
-		if withName {
-			c.Extra = append(c.Extra, "--zk-name", name)
-		}
+		c.Extra = append(c.Extra, "--zk-name", name)
 	}
 }
 
@@ -69,7 +70,7 @@ func TestThreeProxiesUnderLoad(t *testing.T) {
 	zk := testenv.ZooKeeperAddr(t)
 	dsn := testenv.NewDatabase(t)
 	fx := newFixture(t, dsn, 1000)
-	proxies := startProxies(t, fx, 3, zkWorkers(t, []string{zk}))
+	proxies := startProxies(t, fx, 3, zkWorkers(t, []string{zk}, zkName(t)))
 	requireRewriting(t, proxies[0], dsn, snowOrder)
 
 	coll := NewCollector()
@@ -111,7 +112,7 @@ func TestCrashRestartUnderLoad(t *testing.T) {
 	zk := testenv.ZooKeeperAddr(t)
 	dsn := testenv.NewDatabase(t)
 	fx := newFixture(t, dsn, 1000)
-	proxies := startProxies(t, fx, 3, zkWorkers(t, []string{zk}))
+	proxies := startProxies(t, fx, 3, zkWorkers(t, []string{zk}, zkName(t)))
 	requireRewriting(t, proxies[0], dsn, snowOrder)
 	victim := proxies[1]
 

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/go-zookeeper/zk"
 
 	"github.com/leafproxy/leafproxy/internal/testenv"
 )
@@ -177,10 +180,11 @@ func TestZooKeeper(t *testing.T) {
 	dsn := testenv.NewDatabase(t)
 	fx := newFixture(t, dsn, 1000)
 	coll := NewCollector()
-	zk := zkWorkers(t, servers)
+	name := zkName(t)
+	withZK := zkWorkers(t, servers, name)
 
 	t.Run("LeaderLossUnderLoad", func(t *testing.T) {
-		proxies := startProxies(t, fx, 2, zk)
+		proxies := startProxies(t, fx, 2, withZK)
 		requireRewriting(t, proxies[0], dsn, snowOrder)
 		load := StartLoad(t, coll, dsn, proxies, 8)
 		phase := loadDuration() / 3
@@ -190,6 +194,7 @@ func TestZooKeeper(t *testing.T) {
 			t.Fatal(err)
 		}
 		load.SetPhase("leader down")
+		leaderStopped := time.Now()
 		leader.Stop()
 		election, err := waitLeader(ens, leader, 60*time.Second)
 		if err != nil {
@@ -204,6 +209,11 @@ func TestZooKeeper(t *testing.T) {
 			flows = append(flows, took)
 		}
 		hold(phase)
+		for _, p := range proxies {
+			if _, err := waitReported(servers, name, p, leaderStopped, 15*time.Second); err != nil {
+				t.Errorf("after the leader stopped: %v", err)
+			}
+		}
 		load.SetPhase("after")
 		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 		defer cancel()
@@ -221,7 +231,7 @@ func TestZooKeeper(t *testing.T) {
 	})
 
 	t.Run("SessionExpiry", func(t *testing.T) {
-		p := startProxies(t, fx, 1, zk)[0]
+		p := startProxies(t, fx, 1, withZK)[0]
 		before := snowflakeWorker(t, p, coll, "before expiry")
 		p.Signal(syscall.SIGSTOP)
 		stopped := true
@@ -251,6 +261,10 @@ func TestZooKeeper(t *testing.T) {
 			t.Fatalf("no snowflake ID within 30 s of the expired session: %v", last)
 		}
 		firstID := time.Since(resumed)
+		reported, err := waitReported(servers, name, p, resumed, 15*time.Second)
+		if err != nil {
+			t.Errorf("after the session expired: %v", err)
+		}
 		if after := snowflakeWorker(t, p, coll, "after expiry"); after != before || worker != before {
 			t.Errorf("worker ID %d before the session expired, %d/%d after: the persistent node keeps it", before, worker, after)
 		}
@@ -274,13 +288,13 @@ func TestZooKeeper(t *testing.T) {
 			t.Errorf("the proxy logged nothing about the expired session")
 		}
 		requireNoDuplicates(t, coll)
-		t.Logf("FIGURE zk-expiry: session dropped %v after SIGSTOP; first ID %v after SIGCONT; worker %d kept; expiry metric %v",
-			expiry.Round(time.Millisecond), firstID.Round(time.Millisecond), before, counted)
+		t.Logf("FIGURE zk-expiry: session dropped %v after SIGSTOP; first ID %v after SIGCONT; worker %d kept; expiry metric %v; node timestamp reported again %v after SIGCONT",
+			expiry.Round(time.Millisecond), firstID.Round(time.Millisecond), before, counted, reported.Round(time.Millisecond))
 		p.Terminate(30 * time.Second)
 	})
 
 	t.Run("StartWhileDownUsesCachedWorkerID", func(t *testing.T) {
-		p := startProxies(t, fx, 1, zk)[0]
+		p := startProxies(t, fx, 1, withZK)[0]
 		before := snowflakeWorker(t, p, coll, "zk up")
 		caches, _ := filepath.Glob(filepath.Join(p.TempDir(), "*", "leafconf", "*", "workerID.properties"))
 		if len(caches) != 1 {
@@ -311,10 +325,66 @@ func TestZooKeeper(t *testing.T) {
 				t.Fatalf("restart ZooKeeper: %v", err)
 			}
 		}
+		zkBack := time.Now()
 		if after := snowflakeWorker(t, p, coll, "zk back"); after != before {
 			t.Errorf("worker ID %d after ZooKeeper came back, %d before", after, before)
+		}
+		if _, err := waitReported(servers, name, p, zkBack, 30*time.Second); err != nil {
+			t.Errorf("after ZooKeeper came back: %v", err)
 		}
 		requireNoDuplicates(t, coll)
 		t.Logf("FIGURE zk-cache: ready %v after a start with the whole ensemble down, worker %d from the cache", took.Round(time.Millisecond), before)
 	})
+}
+
+type quietLogger struct{}
+
+func (quietLogger) Printf(string, ...any) {}
+
+// zkReportedAt reads the timestamp the proxy last wrote into its worker node
+// /snowflake/{name}/forever/{ip}:{port}-{seq} (Leaf's 3 s report).
+func zkReportedAt(servers []string, name string, p *Proxy) (int64, error) {
+	conn, _, err := zk.Connect(servers, 5*time.Second, zk.WithLogger(quietLogger{}))
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	dir := "/snowflake/" + name + "/forever"
+	kids, _, err := conn.Children(dir)
+	if err != nil {
+		return 0, fmt.Errorf("children of %s: %w", dir, err)
+	}
+	for _, k := range kids {
+		if !strings.HasPrefix(k, p.Addr()+"-") {
+			continue
+		}
+		data, _, err := conn.Get(dir + "/" + k)
+		if err != nil {
+			return 0, err
+		}
+		var node struct {
+			Timestamp int64 `json:"timestamp"`
+		}
+		if err := json.Unmarshal(data, &node); err != nil {
+			return 0, fmt.Errorf("node %s holds %q: %w", k, data, err)
+		}
+		return node.Timestamp, nil
+	}
+	return 0, fmt.Errorf("no node of %s among %v", p.Addr(), kids)
+}
+
+// waitReported waits until the proxy's worker node carries a timestamp after since: its
+// periodic reports go on. It returns how long after since that was seen.
+func waitReported(servers []string, name string, p *Proxy, since time.Time, timeout time.Duration) (time.Duration, error) {
+	deadline := time.Now().Add(timeout)
+	var last int64
+	var err error
+	for time.Now().Before(deadline) {
+		if last, err = zkReportedAt(servers, name, p); err == nil && last > since.UnixMilli() {
+			return time.Since(since), nil
+		}
+		<-time.After(200 * time.Millisecond)
+	}
+	return time.Since(since), fmt.Errorf("%s's ZooKeeper node timestamp is %d (%v), not after %v: the 3 s reports stopped",
+		p.Name, last, err, since.Format("15:04:05.000"))
 }

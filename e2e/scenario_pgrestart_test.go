@@ -107,6 +107,13 @@ func TestDatabaseRestartUnderLoad(t *testing.T) {
 		}
 	}
 
+	// The proxies say whether they can still issue: buffered IDs keep them ready.
+	readyz := make([]string, len(proxies))
+	for i, p := range proxies {
+		status, body, err := p.HTTPGet("/readyz", nil)
+		readyz[i] = fmt.Sprintf("%d %s %v", status, strings.TrimSpace(body), err)
+	}
+
 	// The engines keep issuing from their buffers.
 	const perEndpoint = 500
 	var wg sync.WaitGroup
@@ -181,6 +188,7 @@ func TestDatabaseRestartUnderLoad(t *testing.T) {
 	}
 	requireNoDuplicates(t, coll)
 	checkStoredUnique(t, fx, coll)
+	t.Logf("/readyz while PostgreSQL was down: %q", readyz)
 	t.Logf("FIGURE pg-restart: stop took %v, database down %v; %d IDs issued over HTTP in %v while down (%.0f/s), "+
 		"%d SQL statements completed during the outage window; load back on both proxies %v after the start; %d connection errors in all",
 		stopTook.Round(time.Millisecond), downFor.Round(time.Millisecond), issued, outageIssue.Round(time.Millisecond),

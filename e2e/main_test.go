@@ -32,7 +32,10 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		os.Exit(1)
 	}
-	if bin := os.Getenv("LEAF_E2E_BINARY"); bin != "" {
+	if testing.Short() {
+		// make test-short: unit tests only; building the binary alone takes a while.
+		leafBinary.missing = "-short: the end-to-end tests need the leafproxy binary and live servers"
+	} else if bin := os.Getenv("LEAF_E2E_BINARY"); bin != "" {
 		// A prebuilt binary (a release build, say) instead of building the tree.
 		leafBinary.path = bin
 	} else {

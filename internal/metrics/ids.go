@@ -96,7 +96,12 @@ type counting struct {
 	m      *Metrics
 	engine string
 	g      idgen.Generator
-	byTag  sync.Map // tag → *atomic.Uint64: a string key hashes faster than a Key
+	// byTag is a copy-on-write map: a plain map read through an atomic pointer costs a
+	// string hash, where sync.Map also hashes and compares interfaces. Tags are few (rows
+	// of leaf_alloc, configured snowflake tags; failures are not counted here), so copying
+	// on the rare new tag is cheap.
+	byTag atomic.Pointer[map[string]*atomic.Uint64]
+	mu    sync.Mutex // serializes the copies
 }
 
 func (c *counting) Next(ctx context.Context, tag string) (int64, error) {
@@ -105,12 +110,33 @@ func (c *counting) Next(ctx context.Context, tag string) (int64, error) {
 		c.m.IDError(c.engine, err)
 		return id, err
 	}
-	n, ok := c.byTag.Load(tag)
-	if !ok {
-		n, _ = c.byTag.LoadOrStore(tag, c.m.issued.counter(c.engine, tag))
+	if m := c.byTag.Load(); m != nil {
+		if n := (*m)[tag]; n != nil {
+			n.Add(1)
+			return id, nil
+		}
 	}
-	n.(*atomic.Uint64).Add(1)
+	c.counterSlow(tag).Add(1)
 	return id, nil
+}
+
+func (c *counting) counterSlow(tag string) *atomic.Uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	old := c.byTag.Load()
+	if old != nil && (*old)[tag] != nil {
+		return (*old)[tag]
+	}
+	next := make(map[string]*atomic.Uint64, 1)
+	if old != nil {
+		for k, v := range *old {
+			next[k] = v
+		}
+	}
+	n := c.m.issued.counter(c.engine, tag)
+	next[tag] = n
+	c.byTag.Store(&next)
+	return n
 }
 
 // RateMeter turns the issued totals into IDs per second over a sliding window. Call

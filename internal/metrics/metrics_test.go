@@ -191,3 +191,35 @@ func BenchmarkUncountedNext(b *testing.B) {
 		_, _ = g.Next(ctx, "audit")
 	}
 }
+
+// TestCountingConcurrentTags: goroutines that see new tags at the same time lose no counts.
+func TestCountingConcurrentTags(t *testing.T) {
+	m := New("v", nil)
+	g := m.Counting("segment", fakeGen{})
+	ctx := context.Background()
+	const workers, perTag = 8, 500
+	tags := []string{"a", "b", "c", "d", "e"}
+	done := make(chan struct{})
+	for w := 0; w < workers; w++ {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for i := 0; i < perTag; i++ {
+				for _, tag := range tags {
+					if _, err := g.Next(ctx, tag); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}
+		}()
+	}
+	for w := 0; w < workers; w++ {
+		<-done
+	}
+	totals := m.IssuedTotals()
+	for _, tag := range tags {
+		if got := totals[Key{"segment", tag}]; got != workers*perTag {
+			t.Errorf("tag %s counted %d, want %d", tag, got, workers*perTag)
+		}
+	}
+}

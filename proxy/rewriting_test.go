@@ -416,6 +416,17 @@ func TestRewritingPassThrough(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+		// Format codes: one per parameter (binary int, text string) gets one text code
+		// per hidden parameter appended; one code for all (binary) gets binary IDs.
+		var id, id2 int64
+		var num int
+		var txt string
+		if err := conn.QueryRow(ctx, "SELECT leaf_next('plain'), $1::int, $2::text", 5, "five").Scan(&id, &num, &txt); err != nil || num != 5 || txt != "five" || id <= 1000 {
+			t.Fatalf("per-parameter codes: id %d, %d, %q, %v", id, num, txt, err)
+		}
+		if err := conn.QueryRow(ctx, "SELECT leaf_next('plain') + $1::int8", int64(0)).Scan(&id2); err != nil || id2 != id+1 {
+			t.Fatalf("binary code for all: id %d after %d, %v", id2, id, err)
+		}
 	})
 }
 

@@ -27,6 +27,7 @@ import (
 // are chosen by StartProxy and kept across restarts, so a restarted proxy has the same
 // ip:port identity (the ZooKeeper worker source keys its node on it).
 type ProxyConfig struct {
+	Binary        string   // the leafproxy binary; default the one TestMain built
 	Upstream      string   // host:port of PostgreSQL
 	Store         string   // DSN for leaf_alloc and leases
 	WorkerSource  string   // static, postgres or zookeeper; "" leaves the binary's default
@@ -194,7 +195,11 @@ func (p *Proxy) Spawn() {
 	}
 	p.starts++
 	fmt.Fprintf(log, "==== start %d: leafproxy %s\n", p.starts, strings.Join(p.args(), " "))
-	cmd := exec.Command(leafproxyBin(p.t), p.args()...)
+	bin := p.cfg.Binary
+	if bin == "" {
+		bin = leafproxyBin(p.t)
+	}
+	cmd := exec.Command(bin, p.args()...)
 	cmd.Env = append(append(os.Environ(), "TMPDIR="+p.cfg.TempDir), p.cfg.Env...)
 	cmd.Stdout, cmd.Stderr = log, log
 	// Pdeathsig: a test binary that dies must not leave proxies behind.

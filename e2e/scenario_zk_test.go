@@ -354,8 +354,11 @@ func zkReportedAt(servers []string, name string, p *Proxy) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("children of %s: %w", dir, err)
 	}
+	// The proxy names itself by the host's address, not the loopback it listens on, so
+	// match the node by port (unique among the test's proxies).
 	for _, k := range kids {
-		if !strings.HasPrefix(k, p.Addr()+"-") {
+		i := strings.LastIndexByte(k, '-')
+		if i < 0 || !strings.HasSuffix(k[:i], fmt.Sprintf(":%d", p.ListenPort)) {
 			continue
 		}
 		data, _, err := conn.Get(dir + "/" + k)
@@ -370,7 +373,7 @@ func zkReportedAt(servers []string, name string, p *Proxy) (int64, error) {
 		}
 		return node.Timestamp, nil
 	}
-	return 0, fmt.Errorf("no node of %s among %v", p.Addr(), kids)
+	return 0, fmt.Errorf("no node for port %d among %v", p.ListenPort, kids)
 }
 
 // waitReported waits until the proxy's worker node carries a timestamp after since: its

@@ -97,12 +97,33 @@ func (c *conn) clientReadFailed(err error) error {
 		_ = c.uw.Flush()
 		return nil
 	}
-	if errors.Is(err, errMessageTooLarge) {
+	switch {
+	case errors.Is(err, errMessageTooLarge):
 		c.tellClient(codeProgramLimitExceeded, err.Error())
-	} else if !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, net.ErrClosed) && !isNetError(err) {
+		c.drainClient()
+	case !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, net.ErrClosed) && !isNetError(err):
 		c.tellClient(codeProtocolViolation, err.Error())
+		c.drainClient()
 	}
 	return err
+}
+
+// Bounds of drainClient.
+const (
+	drainTimeout = time.Second
+	drainLimit   = 16 << 20
+)
+
+// drainClient ends the proxy's side of the client connection and reads what the client
+// still sends (the rest of an oversized message, say) until it closes, for a moment at
+// most: closing a socket with unread input resets the connection, and the reset can
+// destroy the error the client has not read yet.
+func (c *conn) drainClient() {
+	if cw, ok := c.client.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
+	_ = c.client.SetReadDeadline(time.Now().Add(drainTimeout))
+	_, _ = io.CopyN(io.Discard, c.cr.br, drainLimit)
 }
 
 func isNetError(err error) bool {
@@ -187,6 +208,10 @@ func (c *conn) fromUpstream(typ byte, n int) (fatal bool, err error) {
 func (c *conn) upstreamReadFailed(err error) error {
 	if c.isClosed() {
 		return nil
+	}
+	if errors.Is(err, errMessageTooLarge) {
+		c.tellClient(codeProgramLimitExceeded, "the server sent a message larger than the proxy's limit: "+err.Error())
+		return err
 	}
 	c.log.WithError(err).Info("upstream connection lost")
 	c.tellClient(codeConnectionFailure, "server closed the connection unexpectedly")

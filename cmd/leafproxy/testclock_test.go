@@ -10,8 +10,8 @@ import (
 )
 
 // TestClockHook builds the test-only binary (-tags leafproxy_testclock) and moves its
-// clock back. With clock-max-backwards 500ms (wide enough that the HTTP round trips
-// between two requests cannot hide the step) a 300 ms step is waited out and a 2 s step
+// clock back. With clock-max-backwards 1s (wide enough that the HTTP round trips between
+// two requests cannot hide the step) a 600 ms step is waited out and a 3 s step
 // fails with the clock error; both are counted, and issue resumes once the offset is
 // gone. The release binary has no such endpoint.
 func TestClockHook(t *testing.T) {
@@ -22,7 +22,7 @@ func TestClockHook(t *testing.T) {
 		t.Fatalf("build with -tags leafproxy_testclock: %v\n%s", err, out)
 	}
 	dsn := newStore(t)
-	s := startServeBinary(t, clockBin, nil, serveArgs(t, dsn, 8, "--http-token", "tk", "--clock-max-backwards", "500ms")...)
+	s := startServeBinary(t, clockBin, nil, serveArgs(t, dsn, 8, "--http-token", "tk", "--clock-max-backwards", "1s")...)
 	s.waitFor("ready", func() bool { code, _ := s.get("/readyz", "tk"); return code == 200 })
 	setOffset := func(offset string) {
 		t.Helper()
@@ -38,9 +38,9 @@ func TestClockHook(t *testing.T) {
 	if code, body := snow(); code != 200 {
 		t.Fatalf("snowflake before: %d %s", code, body)
 	}
-	setOffset("-300ms")
+	setOffset("-600ms")
 	if code, body := snow(); code != 200 {
-		t.Errorf("after a 300 ms step back (waited out): %d %s", code, body)
+		t.Errorf("after a 600 ms step back (waited out): %d %s", code, body)
 	}
 	setOffset("-3s")
 	if code, body := snow(); code != 500 || !strings.Contains(body, "clock moved backwards") {

@@ -335,6 +335,57 @@ func TestZooKeeper(t *testing.T) {
 		requireNoDuplicates(t, coll)
 		t.Logf("FIGURE zk-cache: ready %v after a start with the whole ensemble down, worker %d from the cache", took.Round(time.Millisecond), before)
 	})
+
+	t.Run("RestartBehindNodeTimestamp", func(t *testing.T) {
+		// The same ip:port reuses its node; the node's timestamp is ahead of a clock that
+		// went back, so the proxy must not issue until its clock has passed it (or refuse
+		// to start).
+		bin := clockBin(t)
+		p := startProxies(t, fx, 1, withZK)[0]
+		issuing := time.Now()
+		worker := snowflakeWorker(t, p, coll, "before")
+		if _, err := waitReported(servers, name, p, issuing, 15*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		var newest time.Time
+		for _, r := range coll.Select(func(r IDRow) bool { return r.Proxy == p.Name }) {
+			if at, _, _ := decodeSnowflake(r.ID); at.After(newest) {
+				newest = at
+			}
+		}
+		p.Kill()
+		p.cfg.Binary = bin
+		p.cfg.Env = append(p.cfg.Env, "LEAFPROXY_TEST_CLOCK_OFFSET=-5s")
+		restarted := time.Now()
+		p.Spawn()
+		for {
+			id, err := httpID(p, "/api/snowflake/get/"+snowOrder, nil)
+			if err == nil {
+				at, w, _ := decodeSnowflake(id)
+				coll.Add(IDRow{Namespace: snowflakeNamespace, ID: id, Origin: originHTTP, Proxy: p.Name, Phase: "restart behind"})
+				if !at.After(newest) {
+					t.Errorf("restarted 5 s behind its node's timestamp, it issued ID %d from %v, not after the newest earlier ID (%v)", id, at, newest)
+				}
+				if w != worker {
+					t.Errorf("worker ID %d after the restart, %d before: the same ip:port keeps its node", w, worker)
+				}
+				t.Logf("FIGURE zk-clock: first ID %v after a restart 5 s behind the node's timestamp", time.Since(restarted).Round(time.Millisecond))
+				break
+			}
+			if gone, werr := p.exited(); gone {
+				t.Logf("FIGURE zk-clock: refused to start 5 s behind the node's timestamp (%v): %s", werr, p.LogTail(1))
+				if !strings.Contains(strings.ToLower(p.LogTail(5)), "clock") {
+					t.Errorf("the proxy exited, but not because of the clock:\n%s", p.LogTail(5))
+				}
+				break
+			}
+			if time.Since(restarted) > 30*time.Second {
+				t.Fatalf("no snowflake ID and no exit within 30 s of a restart 5 s behind: %v", err)
+			}
+			<-time.After(50 * time.Millisecond)
+		}
+		requireNoDuplicates(t, coll)
+	})
 }
 
 type quietLogger struct{}
@@ -376,8 +427,10 @@ func zkReportedAt(servers []string, name string, p *Proxy) (int64, error) {
 	return 0, fmt.Errorf("no node for port %d among %v", p.ListenPort, kids)
 }
 
-// waitReported waits until the proxy's worker node carries a timestamp after since: its
-// periodic reports go on. It returns how long after since that was seen.
+// waitReported waits until the proxy's worker node carries a timestamp after since. The
+// node holds the high-water mark (the last millisecond used), so this holds once IDs were
+// issued after since and the periodic report wrote them. It returns how long after since
+// that was seen.
 func waitReported(servers []string, name string, p *Proxy, since time.Time, timeout time.Duration) (time.Duration, error) {
 	deadline := time.Now().Add(timeout)
 	var last int64

@@ -5,7 +5,7 @@ PKGS      := ./...
 TESTENV   := $(GO) run ./internal/testenv/cmd/testenv
 TESTFLAGS ?= -race -count=1 -timeout 20m
 
-.PHONY: all build test test-short run bench lint vet fmt deps clean
+.PHONY: all build test test-short run run-stop run-reset docker bench lint vet fmt deps clean
 
 all: build
 
@@ -19,6 +19,19 @@ deps:
 test: deps
 	$(GO) vet $(PKGS)
 	$(TESTENV) -- $(GO) test $(TESTFLAGS) $(PKGS)
+
+## run: local PostgreSQL on 127.0.0.1:5433 (kept between runs), demo tags, proxy on 127.0.0.1:6432, admin on 127.0.0.1:8080
+run:
+	scripts/run.sh
+
+run-stop:
+	scripts/run.sh --stop
+
+run-reset:
+	scripts/run.sh --reset
+
+docker:
+	docker build -t leafproxy:local .
 
 ## test-short: unit tests only, no servers
 test-short:

@@ -53,8 +53,9 @@ func requireHTTPIDs(t testing.TB, p *Proxy, segTag, snowTag string) {
 
 // TestDatabaseRestartUnderLoad stops a private PostgreSQL under load and starts it again.
 // While it is down the proxies keep issuing buffered segment IDs and snowflake IDs (asked
-// over the HTTP API, since no SQL session can exist without the database), and a client
-// that tries to INSERT gets a connection error. After the restart everything works again
+// over the HTTP API: a new SQL session cannot authenticate without the database, though
+// sessions opened before keep getting fast-path answers), and a client that tries to
+// INSERT gets a connection error. After the restart everything works again
 // without restarting the proxies, and no ID repeats.
 func TestDatabaseRestartUnderLoad(t *testing.T) {
 	requireServeFlags(t, "snowflake-tags", "fill", "worker-source", "worker-id")

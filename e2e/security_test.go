@@ -3,11 +3,14 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -95,6 +98,69 @@ func TestSecurity(t *testing.T) {
 		// hostssl rules see the proxy, not the client (as with PgBouncer).
 		t.Logf("%s through a proxy with sslmode disable: %s; through the default proxy: %s",
 			testenv.TLSUser, got, loginOutcome(p.URL(dsn, testenv.TLSUser, testenv.TLSPassword)))
+	})
+
+	t.Run("TLS from the client", func(t *testing.T) {
+		requireServeFlags(t, "tls-cert", "tls-key")
+		certs, err := testenv.WriteCertificates(t.TempDir(), "proxy")
+		if err != nil {
+			t.Fatal(err)
+		}
+		withTLS := cfg
+		withTLS.HTTPToken = ""
+		withTLS.Extra = []string{"--tls-cert", certs.CertFile, "--tls-key", certs.KeyFile}
+		q := StartProxy(t, "tls", withTLS)
+		verified := func(user, password string) string {
+			return strings.Replace(q.URL(dsn, user, password),
+				"sslmode=disable", "sslmode=verify-full&sslrootcert="+url.QueryEscape(certs.CAFile), 1)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, verified("postgres", ""))
+		if err != nil {
+			t.Fatalf("verify-full TLS to the proxy: %v", err)
+		}
+		defer conn.Close(ctx)
+		if _, ok := conn.PgConn().Conn().(*tls.Conn); !ok {
+			t.Errorf("the client's connection to the proxy is %T, not TLS", conn.PgConn().Conn())
+		}
+		// SCRAM over TLS. PostgreSQL offers SCRAM-SHA-256-PLUS on the proxy's TLS connection,
+		// and the proxy relays that offer: a client that binds hashes the certificate it
+		// sees, which is the proxy's. So with the proxy's own certificate, binding fails
+		// even for clients that merely prefer it, and channel_binding=disable is the
+		// documented way through. A proxy that presents the database's own certificate
+		// lets default clients bind.
+		for _, u := range []struct{ user, password string }{
+			{testenv.SCRAMUser, testenv.SCRAMPassword},
+			{testenv.TLSUser, testenv.TLSPassword},
+		} {
+			if got := loginOutcome(verified(u.user, u.password) + "&channel_binding=disable"); got != "ok as "+u.user {
+				t.Errorf("%s over TLS with channel_binding=disable: %s", u.user, got)
+			}
+			t.Logf("%s over TLS to a proxy with its own certificate, default channel binding: %s",
+				u.user, loginOutcome(verified(u.user, u.password)))
+		}
+		pgDir := filepath.Dir(os.Getenv(testenv.EnvPGCA))
+		pgCert, pgKey := filepath.Join(pgDir, "server.crt"), filepath.Join(pgDir, "server.key")
+		if _, err := os.ReadFile(pgKey); err != nil || os.Getenv(testenv.EnvPGCA) == "" {
+			t.Logf("the database's certificate is not readable here (%v): not checked with it", err)
+		} else {
+			same := withTLS
+			same.Extra = []string{"--tls-cert", pgCert, "--tls-key", pgKey}
+			r := StartProxy(t, "tls-db-cert", same)
+			u := strings.Replace(r.URL(dsn, testenv.SCRAMUser, testenv.SCRAMPassword),
+				"sslmode=disable", "sslmode=verify-full&sslrootcert="+url.QueryEscape(os.Getenv(testenv.EnvPGCA)), 1)
+			if got := loginOutcome(u); got != "ok as "+testenv.SCRAMUser {
+				t.Errorf("%s over TLS to a proxy presenting the database's certificate, default channel binding: %s",
+					testenv.SCRAMUser, got)
+			}
+		}
+		// A proxy without a certificate must say so, not pretend.
+		required := strings.Replace(p.URL(dsn, "postgres", ""), "sslmode=disable", "sslmode=require", 1)
+		if c, err := pgx.Connect(ctx, required); err == nil {
+			c.Close(ctx)
+			t.Errorf("sslmode=require succeeded against a proxy without a certificate")
+		}
 	})
 
 	t.Run("admin token", func(t *testing.T) {

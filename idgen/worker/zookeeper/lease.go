@@ -18,7 +18,6 @@ import (
 // high-water mark every ReportInterval.
 type lease struct {
 	src       *Source
-	conn      *zk.Conn
 	id        int64 // set before the lease is handed out
 	highWater int64 // likewise
 
@@ -29,7 +28,10 @@ type lease struct {
 	sessionOnce sync.Once
 	session     chan struct{} // closed when the first session is established
 
-	mu       sync.Mutex // guards the connection bookkeeping of onEvent
+	mu       sync.Mutex // guards the connection and its bookkeeping
+	conn     *zk.Conn   // the current connection; nil after a failed dial and after Close
+	gen      uint64     // generation of conn: events of older connections are ignored
+	closed   bool       // Close is done with the connection; dial no other
 	assigned bool       // id is final; events may name it
 	down     bool       // the connection was lost and has not come back yet
 
@@ -88,16 +90,20 @@ func (e errNoSession) Unwrap() error { return worker.ErrUnreachable }
 
 // onEvent follows the session: the client reconnects by itself and, once the session has
 // expired, makes a new one; all there is to do is to tell the operator and the metrics.
-// It runs on the client's goroutine and must not block.
-func (l *lease) onEvent(ev zk.Event) {
+// It runs on the client's goroutine and must not block. gen is the generation of the
+// connection the event comes from.
+func (l *lease) onEvent(gen uint64, ev zk.Event) {
 	if ev.Type != zk.EventSession {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if gen != l.gen {
 		return
 	}
 	if ev.State == zk.StateHasSession {
 		l.sessionOnce.Do(func() { close(l.session) })
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	if !l.assigned {
 		return
 	}
@@ -124,9 +130,10 @@ func (l *lease) onEvent(ev zk.Event) {
 // run reports the high-water mark every ReportInterval until Close.
 func (l *lease) run() {
 	defer close(l.stopped)
+	down := !l.hasSession()
 	l.mu.Lock()
 	l.assigned = true
-	l.down = l.conn.State() != zk.StateHasSession
+	l.down = down
 	l.mu.Unlock()
 	l.lastCached = l.highWater
 	t := time.NewTicker(l.src.s.ReportInterval)
@@ -154,7 +161,10 @@ func (l *lease) report() {
 	if l.node.Load() == nil && !l.resolveNode() {
 		return
 	}
-	_, err := l.conn.Set(l.nodePath(), l.src.encode(hw), -1)
+	err := l.do(func(c *zk.Conn) error {
+		_, err := c.Set(l.nodePath(), l.src.encode(hw), -1)
+		return err
+	})
 	if err != nil {
 		if !l.failing {
 			l.logger().WithError(err).Warn("reporting the worker ID timestamp to ZooKeeper failed; retrying")
@@ -172,7 +182,12 @@ func (l *lease) report() {
 
 // resolveNode finds the node after a start from the cache file, once ZooKeeper answers.
 func (l *lease) resolveNode() bool {
-	seq, name, err := l.findNode()
+	var seq int64
+	var name string
+	err := l.do(func(c *zk.Conn) (err error) {
+		seq, name, err = l.findNode(c)
+		return err
+	})
 	if err != nil {
 		l.src.s.Hooks.ReportError(l.id, err)
 		return false
@@ -194,14 +209,14 @@ func (l *lease) resolveNode() bool {
 // is this ip:port's worker ID for good.
 func (l *lease) Close(ctx context.Context) error {
 	l.closeOnce.Do(func() {
-		defer l.conn.Close() // also ends a report stuck on a dead connection
+		defer l.shutdown() // also ends a report stuck on a dead connection
 		close(l.stop)
 		select {
 		case <-l.stopped:
 		case <-ctx.Done():
 			return
 		}
-		if l.conn.State() != zk.StateHasSession {
+		if !l.hasSession() {
 			return
 		}
 		done := make(chan struct{})

@@ -144,12 +144,11 @@ func (s *Source) encode(ts int64) []byte {
 // keeps connecting in the background to resume the reports.
 func (s *Source) Acquire(ctx context.Context) (worker.Lease, error) {
 	l := newLease(s)
-	conn, _, err := zk.Connect(s.s.Servers, s.s.SessionTimeout,
-		zk.WithEventCallback(l.onEvent), zk.WithLogger(zkLogger{s.s.Logger}), zk.WithLogInfo(false))
+	conn, err := l.dial()
 	if err != nil {
-		return nil, fmt.Errorf("zookeeper worker source: %w", err)
+		return nil, err
 	}
-	l.conn = conn
+	l.conn = conn // no other goroutine knows the lease yet
 
 	err = l.waitSession(ctx, s.s.ConnectTimeout)
 	if err == nil {
@@ -159,7 +158,7 @@ func (s *Source) Acquire(ctx context.Context) (worker.Lease, error) {
 		err = l.fromCache(err)
 	}
 	if err != nil {
-		conn.Close()
+		l.shutdown()
 		return nil, err
 	}
 	if err := s.cache.write(l.id, l.highWater); err != nil {
@@ -185,7 +184,7 @@ func (l *lease) register() error {
 	if err := l.ensureDir(); err != nil {
 		return err
 	}
-	seq, name, err := l.findNode()
+	seq, name, err := l.findNode(l.conn)
 	if err != nil {
 		return err
 	}
@@ -252,8 +251,8 @@ func (l *lease) ensureDir() error {
 
 // findNode returns the node of this ip:port, or "" when it has none. Should a race have
 // left several, the lowest sequence number wins.
-func (l *lease) findNode() (int64, string, error) {
-	children, _, err := l.conn.Children(l.src.dir)
+func (l *lease) findNode(c *zk.Conn) (int64, string, error) {
+	children, _, err := c.Children(l.src.dir)
 	if err != nil {
 		return 0, "", fmt.Errorf("zookeeper worker source: list %s: %w", l.src.dir, err)
 	}

@@ -16,7 +16,10 @@
 // trailing int8 parameters, which every Bind of the statement fills with fresh IDs, and
 // which are stripped from the statement's ParameterDescription; SQL-level PREPARE and
 // EXECUTE get the same treatment. A standalone SELECT leaf_next('tag') or
-// leaf_snowflake() is answered by the proxy itself when nothing is outstanding. The
+// leaf_snowflake() is answered by the proxy itself when nothing is outstanding: as a
+// Query, and in the extended protocol as a whole cycle up to Sync outside a transaction
+// block (see local.go; a cycle that turns out to need the server is replayed upstream,
+// and an unnamed statement parsed by the proxy is created at the server first). The
 // proxy's own answers (that fast path, and refusals of statements the rewriter cannot
 // rewrite safely or whose IDs cannot be had) are queued behind the responses still due,
 // so that their order is exact under pipelining; after a refusal in the extended protocol

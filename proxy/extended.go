@@ -16,8 +16,18 @@ func (c *conn) onParse(n int) error {
 	if err != nil {
 		return err
 	}
+	return c.handleParse(body, false)
+}
+
+// handleParse forwards a Parse, rewritten when its plan needs IDs. With swallow set, it
+// materializes a proxy-local statement: its ParseComplete is not relayed, since the client
+// already had one from the proxy.
+func (c *conn) handleParse(body []byte, swallow bool) error {
 	s := &c.sess
 	name, rest, ok1 := cString(body)
+	if name == "" && !swallow {
+		s.localStmt = nil // the server's unnamed statement is replaced
+	}
 	query, rest, ok2 := cString(rest)
 	if !ok1 || !ok2 || len(rest) < 2 || len(rest) != 2+4*be16(rest) || be16(rest) < 0 {
 		return c.forwardParse(body, name) // malformed: the server reports it
@@ -106,7 +116,10 @@ func (c *conn) onParse(n int) error {
 	s.mu.Lock()
 	cy := s.openLocked()
 	cy.sent++
-	s.setStatementLocked(cy, name, &statement{slots: slots}, '1')
+	if swallow {
+		cy.swallow = append(cy.swallow, cy.sent)
+	}
+	s.setStatementLocked(cy, name, &statement{slots: slots, fast: fastStatement(plan, params)}, '1')
 	s.applySQLEffectsLocked(cy, plan)
 	s.mu.Unlock()
 	return c.send('P', out)
@@ -185,7 +198,7 @@ func (c *conn) onBind(n int) error {
 	s.mu.Lock()
 	none := len(s.stmts) == 0
 	s.mu.Unlock()
-	if none {
+	if none && s.localStmt == nil {
 		// No statement has hidden parameters: stream the Bind, however large.
 		s.mu.Lock()
 		s.openLocked().sent++
@@ -199,7 +212,17 @@ func (c *conn) onBind(n int) error {
 	if err != nil {
 		return err
 	}
+	return c.handleBind(body)
+}
+
+func (c *conn) handleBind(body []byte) error {
+	s := &c.sess
 	stmtName, ok := bindStatement(body)
+	if ok && stmtName == "" && s.localStmt != nil {
+		if err := c.materialize(); err != nil {
+			return err
+		}
+	}
 	var st *statement
 	if ok {
 		s.mu.Lock()

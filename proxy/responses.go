@@ -43,6 +43,16 @@ func (c *conn) fromUpstreamRewriting(typ byte, n int) (fatal bool, err error) {
 		}
 		return false, c.writeClient(typ, c.stripHidden(body))
 	}
+	if typ == '1' {
+		if swallow, inject := c.swallowNext(); swallow {
+			// The ParseComplete of a materialized local statement: the client had its own.
+			if _, err := c.ur.br.Discard(n); err != nil {
+				return false, unexpected(err)
+			}
+			_, err := c.cw.Write(inject)
+			return false, err
+		}
+	}
 	if err := writeHeader(c.cw, typ, n); err != nil {
 		return false, err
 	}
@@ -69,6 +79,26 @@ func (c *conn) fromUpstreamRewriting(typ byte, n int) (fatal bool, err error) {
 		}
 	}
 	return false, nil
+}
+
+// swallowNext reports whether the next terminal response of the oldest cycle answers a
+// materializing Parse, counting it as answered if so; inject is a refusal of the proxy's
+// own that is due right after it.
+func (c *conn) swallowNext() (swallow bool, inject []byte) {
+	s := &c.sess
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cy := s.headLocked()
+	if cy == nil || len(cy.swallow) == 0 || cy.swallow[0] != cy.answered+1 {
+		return false, nil
+	}
+	cy.swallow = cy.swallow[1:]
+	cy.answered++
+	cy.confirmLocked('1')
+	if cy.inject != nil && !cy.failed && cy.answered == cy.injectAt {
+		inject, cy.inject = cy.inject, nil
+	}
+	return true, inject
 }
 
 // stripHidden removes the hidden parameters of the described statement from a

@@ -30,6 +30,9 @@ func (c *conn) fromClientRewriting(typ byte, n int) error {
 			return unexpected(err)
 		}
 	}
+	if handled, err := c.fromClientLocal(typ, n); handled || err != nil {
+		return err
+	}
 	switch typ {
 	case 'Q':
 		return c.onQuery(n)
@@ -85,6 +88,14 @@ func (c *conn) onQuery(n int) error {
 		return err
 	}
 	s := &c.sess
+	// A Query drops the unnamed statement at the server: neither a local one nor the
+	// server's may be bound locally any more.
+	s.localStmt = nil
+	s.mu.Lock()
+	if st := s.stmts[""]; st != nil && st.fast != nil {
+		s.stmts[""] = &statement{slots: st.slots}
+	}
+	s.mu.Unlock()
 	sql, rest, ok := cString(body)
 	if !ok || len(rest) != 0 {
 		return c.forwardQuery(body) // malformed: the server reports it
@@ -312,7 +323,16 @@ func (c *conn) onDescribe(n int) error {
 	if err != nil {
 		return err
 	}
+	return c.handleDescribe(body)
+}
+
+func (c *conn) handleDescribe(body []byte) error {
 	s := &c.sess
+	if len(body) > 1 && body[0] == 'S' && body[1] == 0 && s.localStmt != nil {
+		if err := c.materialize(); err != nil {
+			return err
+		}
+	}
 	s.mu.Lock()
 	cy := s.openLocked()
 	cy.sent++
@@ -334,7 +354,15 @@ func (c *conn) onClose(n int) error {
 	if err != nil {
 		return err
 	}
+	return c.handleClose(body)
+}
+
+func (c *conn) handleClose(body []byte) error {
 	s := &c.sess
+	if len(body) > 1 && body[0] == 'S' && body[1] == 0 {
+		// The server closes whatever unnamed statement it has; the local one is gone too.
+		s.localStmt = nil
+	}
 	s.mu.Lock()
 	cy := s.openLocked()
 	cy.sent++

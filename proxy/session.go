@@ -12,6 +12,10 @@ import (
 // ID. Statements without slots are not remembered.
 type statement struct {
 	slots []rewrite.Slot
+	// fast is set when the statement is a standalone SELECT leaf_next('tag') or
+	// leaf_snowflake() without client parameters: a cycle that only binds and executes
+	// it may be answered by the proxy.
+	fast *rewrite.FastPath
 }
 
 // undoEntry restores the statement map if the operation that changed it did not happen
@@ -43,6 +47,8 @@ type cycle struct {
 
 	undo      []undoEntry
 	confirmed int // undo entries confirmed by ParseComplete/CloseComplete
+
+	swallow []int // ordinals of terminal responses not to relay (ParseComplete of a materialization)
 }
 
 // sessionState is the rewriting proxy's bookkeeping of one session, shared by the two
@@ -56,6 +62,14 @@ type sessionState struct {
 	skip   bool     // after a refusal: discard client messages until Sync
 	idsBuf []int64
 	outBuf []byte
+
+	// The proxy-local side, used only by the client-to-upstream goroutine (no lock):
+	// localStmt is the unnamed statement when the proxy answered its Parse itself (the
+	// server's unnamed statement is then stale), local the extended-protocol cycle the
+	// proxy is answering itself.
+	localStmt  *localStatement
+	local      *localCycle
+	localSpare *localCycle // reused by every local cycle
 }
 
 // statementLocked returns the statement named name, or nil.
@@ -161,7 +175,7 @@ func (s *sessionState) recycleLocked(cy *cycle) {
 		return
 	}
 	clear(cy.undo) // drop the statements the entries point to
-	*cy = cycle{describes: cy.describes[:0], undo: cy.undo[:0]}
+	*cy = cycle{describes: cy.describes[:0], undo: cy.undo[:0], swallow: cy.swallow[:0]}
 	s.spare = append(s.spare, cy)
 }
 

@@ -8,13 +8,17 @@ import (
 	"github.com/go-zookeeper/zk"
 )
 
-// The lease owns one client connection at a time. The client reconnects by itself, but a
-// request it has queued or sent can still wait for an answer that never comes (a server
-// that keeps answering pings but drops the request, a request left in the client's send
-// queue behind a reconnect that hangs): zk.Conn gives up on a request only when the TCP
-// connection dies or the connection is closed. Reports therefore wait a bounded time for
-// each request and, past the bound, replace the connection. That loses nothing: the node
-// is persistent and bound to ip:port, so any session may rewrite it.
+// The lease owns one client connection at a time. The client reconnects by itself, but
+// zk.Conn (v1.0.4) has no deadline per request: a request ends only with its answer, with
+// the death of the TCP connection (no bytes for two thirds of the session timeout), or
+// with Close. So a request can wait far longer than a session timeout:
+//   - once sent, on a connection whose server keeps answering pings but not the request;
+//   - while queued (sendChan), behind a reconnect whose handshake waits for an answer for
+//     ten receive timeouts (authenticate: 40 s with a 6 s session) on a server that
+//     accepted the TCP connection but does not answer.
+// Reports therefore wait a bounded time for each request and, past the bound, replace the
+// connection. That loses nothing: the node is persistent and bound to ip:port, so any
+// session may rewrite it.
 
 // errNoAnswer is the error of a request that got no answer within the bound.
 var errNoAnswer = errors.New("no answer from ZooKeeper")

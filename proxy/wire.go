@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 )
@@ -81,9 +82,30 @@ func (r *msgReader) readBody(n int) ([]byte, error) {
 		_, _ = r.br.Discard(n)
 		return b, nil
 	}
+	if n > keepBufferSize {
+		return r.readLarge(n)
+	}
 	b := r.buffer(n)
 	if _, err := io.ReadFull(r.br, b); err != nil {
 		return nil, unexpected(err)
+	}
+	return b, nil
+}
+
+// readLarge reads a body too big to keep, growing its buffer as the bytes arrive, so
+// that memory follows what the peer sent and not what its header announced: a client
+// that promises a 1 GB message and sends 12 bytes must not cost 1 GB.
+func (r *msgReader) readLarge(n int) ([]byte, error) {
+	b := make([]byte, 0, keepBufferSize)
+	for len(b) < n {
+		if len(b) == cap(b) {
+			b = slices.Grow(b, min(cap(b), n-len(b)))
+		}
+		m, err := r.br.Read(b[len(b):min(cap(b), n)])
+		b = b[:len(b)+m]
+		if err != nil && len(b) < n {
+			return nil, unexpected(err)
+		}
 	}
 	return b, nil
 }

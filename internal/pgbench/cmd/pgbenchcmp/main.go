@@ -49,6 +49,7 @@ func run() error {
 	rounds := flag.Int("rounds", 3, "runs per row, endpoints interleaved; the median is reported")
 	leaf := flag.Bool("leaf", true, "add the ID rows: leaf_next vs nextval, filled INSERT vs bigserial")
 	noBouncer := flag.Bool("no-pgbouncer", false, "leave PgBouncer out")
+	only := flag.String("groups", "", "comma-separated groups to run (select-only, next-id, insert); empty runs all")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (the proxy's relay) to this file")
 	flag.Parse()
 	if *cpuProfile != "" {
@@ -118,6 +119,9 @@ func run() error {
 	if *leaf {
 		groups = append(groups, leafGroups(dbURL, leafURL)...)
 	}
+	if *only != "" {
+		groups = selectGroups(groups, strings.Split(*only, ","))
+	}
 	results, err := pgbench.Run(ctx, pgbench.Config{
 		Duration: *duration,
 		Clients:  clients,
@@ -127,6 +131,20 @@ func run() error {
 	}, groups)
 	fmt.Print(pgbench.Table(groups, results))
 	return err
+}
+
+// selectGroups keeps the groups whose names are listed.
+func selectGroups(groups []pgbench.Group, names []string) []pgbench.Group {
+	var kept []pgbench.Group
+	for _, g := range groups {
+		for _, n := range names {
+			if strings.TrimSpace(n) == g.Name {
+				kept = append(kept, g)
+				break
+			}
+		}
+	}
+	return kept
 }
 
 // createDatabase creates a scratch database and returns its URL and a function dropping it.

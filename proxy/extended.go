@@ -16,17 +16,17 @@ func (c *conn) onParse(n int) error {
 	if err != nil {
 		return err
 	}
-	return c.handleParse(body, false)
+	return c.handleParse(body, nil)
 }
 
-// handleParse forwards a Parse, rewritten when its plan needs IDs. With swallow set, it
-// materializes a proxy-local statement: its ParseComplete is not relayed, since the client
-// already had one from the proxy.
-func (c *conn) handleParse(body []byte, swallow bool) error {
+// handleParse forwards a Parse, rewritten when its plan needs IDs. With mat set, it
+// materializes that proxy-local statement: its ParseComplete is not relayed, since the
+// client already had one from the proxy.
+func (c *conn) handleParse(body []byte, mat *localStatement) error {
 	s := &c.sess
 	name, rest, ok1 := cString(body)
-	if name == "" && !swallow {
-		s.localStmt = nil // the server's unnamed statement is replaced
+	if name == "" && mat == nil {
+		s.setUnnamed(nil) // the server's unnamed statement is replaced
 	}
 	query, rest, ok2 := cString(rest)
 	if !ok1 || !ok2 || len(rest) < 2 || len(rest) != 2+4*be16(rest) || be16(rest) < 0 {
@@ -116,10 +116,14 @@ func (c *conn) handleParse(body []byte, swallow bool) error {
 	s.mu.Lock()
 	cy := s.openLocked()
 	cy.sent++
-	if swallow {
-		cy.swallow = append(cy.swallow, cy.sent)
-	}
 	s.setStatementLocked(cy, name, &statement{slots: slots, fast: fastStatement(plan, params)}, '1')
+	if mat != nil {
+		cy.swallow = append(cy.swallow, cy.sent)
+		s.localStmt = nil
+		s.unnamedGen++
+		u := &cy.undo[len(cy.undo)-1]
+		u.local, u.localGen = mat, s.unnamedGen
+	}
 	s.applySQLEffectsLocked(cy, plan)
 	s.mu.Unlock()
 	return c.send('P', out)
@@ -198,7 +202,7 @@ func (c *conn) onBind(n int) error {
 	s.mu.Lock()
 	none := len(s.stmts) == 0
 	s.mu.Unlock()
-	if none && s.localStmt == nil {
+	if none && s.unnamed() == nil {
 		// No statement has hidden parameters: stream the Bind, however large.
 		s.mu.Lock()
 		s.openLocked().sent++
@@ -218,7 +222,7 @@ func (c *conn) onBind(n int) error {
 func (c *conn) handleBind(body []byte) error {
 	s := &c.sess
 	stmtName, ok := bindStatement(body)
-	if ok && stmtName == "" && s.localStmt != nil {
+	if ok && stmtName == "" && s.unnamed() != nil {
 		if err := c.materialize(); err != nil {
 			return err
 		}

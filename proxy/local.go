@@ -151,7 +151,7 @@ func (c *conn) mayStartLocal(typ byte, n int) bool {
 	switch typ {
 	case 'P':
 	case 'B', 'D', 'C':
-		if s.localStmt != nil {
+		if s.unnamed() != nil {
 			break
 		}
 		s.mu.Lock()
@@ -176,7 +176,7 @@ func (s *sessionState) begin() *localCycle {
 			lc = &localCycle{}
 			s.localSpare = lc
 		}
-		*lc = localCycle{start: s.localStmt, msgs: keepSmall(lc.msgs), out: keepSmall(lc.out)}
+		*lc = localCycle{start: s.unnamed(), msgs: keepSmall(lc.msgs), out: keepSmall(lc.out)}
 		s.local = lc
 	}
 	return s.local
@@ -184,8 +184,10 @@ func (s *sessionState) begin() *localCycle {
 
 // fastOf returns the fast path of the statement name, if it has one.
 func (s *sessionState) fastOf(name string) *rewrite.FastPath {
-	if name == "" && s.localStmt != nil {
-		return s.localStmt.fast
+	if name == "" {
+		if st := s.unnamed(); st != nil {
+			return st.fast
+		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -213,7 +215,7 @@ func (c *conn) answerLocal(typ byte, body []byte) bool {
 			return false
 		}
 		lc := s.begin()
-		s.localStmt = &localStatement{fast: plan.FastPath, parse: append([]byte(nil), body...)}
+		s.setUnnamed(&localStatement{fast: plan.FastPath, parse: append([]byte(nil), body...)})
 		lc.out = append(lc.out, '1', 0, 0, 0, 4)
 	case 'B':
 		portal, rest, ok1 := cString(body)
@@ -295,11 +297,11 @@ func (c *conn) answerLocal(typ byte, body []byte) bool {
 		}
 		switch body[0] {
 		case 'S':
-			if s.localStmt == nil {
+			if s.unnamed() == nil {
 				return false // the server's unnamed statement
 			}
 			lc := s.begin()
-			s.localStmt = nil
+			s.setUnnamed(nil)
 			lc.out = append(lc.out, '3', 0, 0, 0, 4)
 		case 'P':
 			if s.local == nil || s.local.portal == nil {
@@ -351,7 +353,7 @@ func (c *conn) replayLocal() error {
 	s := &c.sess
 	lc := s.local
 	s.local = nil
-	s.localStmt = lc.start
+	s.setUnnamed(lc.start)
 	msgs := lc.msgs
 	for len(msgs) > 0 {
 		typ := msgs[0]
@@ -376,7 +378,7 @@ func (c *conn) dispatch(typ byte, body []byte) error {
 	s := &c.sess
 	switch typ {
 	case 'P':
-		return c.handleParse(body, false)
+		return c.handleParse(body, nil)
 	case 'B':
 		return c.handleBind(body)
 	case 'D':
@@ -399,9 +401,8 @@ func (c *conn) dispatch(typ byte, body []byte) error {
 // an upstream cycle that refers to it.
 func (c *conn) materialize() error {
 	s := &c.sess
-	st := s.localStmt
-	s.localStmt = nil
-	return c.handleParse(st.parse, true)
+	st := s.unnamed()
+	return c.handleParse(st.parse, st)
 }
 
 // appendRowDescription appends the RowDescription PostgreSQL sends for the rewritten

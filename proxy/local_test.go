@@ -182,6 +182,14 @@ func TestFastPathExtendedLikeServer(t *testing.T) {
 			fastParse(""), sync, &pgproto3.Query{String: "SELECT 1"},
 			bind("", -1), &pgproto3.Execute{}, sync, // 26000
 		}},
+		{"flush", []pgproto3.FrontendMessage{
+			fastParse(""), &pgproto3.Flush{}, bind("", -1), &pgproto3.Execute{}, sync,
+		}},
+		{"refusal after local messages", []pgproto3.FrontendMessage{
+			fastParse(""), bind("", -1), &pgproto3.Execute{},
+			&pgproto3.Parse{Query: "SELECT leaf_next('t') FROM generate_series(1, 2)"}, bind("", -1), &pgproto3.Execute{}, sync,
+			fastParse(""), bind("", -1), &pgproto3.Execute{}, sync,
+		}},
 		{"close portal", []pgproto3.FrontendMessage{
 			fastParse(""), bind("", -1), &pgproto3.Close{ObjectType: 'P'}, &pgproto3.Execute{}, sync,
 		}},
@@ -383,4 +391,36 @@ func indexOf(list []string, s string) int {
 		}
 	}
 	return -1
+}
+
+// TestFastPathMaterializeInFailedTransaction uses a locally parsed unnamed statement in a
+// failed transaction: the server refuses the materialization with 25P02, the statement
+// stays the proxy's, and after ROLLBACK it works as it would at the server.
+func TestFastPathMaterializeInFailedTransaction(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p, _ := fastPathProxy(t, db)
+	fe := rawConn(t, p.url(db))
+	steps := []struct {
+		msgs []pgproto3.FrontendMessage
+		want string
+	}{
+		{[]pgproto3.FrontendMessage{fastParse(""), &pgproto3.Sync{}}, "parse ready"},
+		{[]pgproto3.FrontendMessage{
+			&pgproto3.Parse{Name: "b", Query: "BEGIN"}, &pgproto3.Bind{PreparedStatement: "b"}, &pgproto3.Execute{},
+			&pgproto3.Parse{Name: "e", Query: "SELECT 1/0"}, &pgproto3.Bind{PreparedStatement: "e"}, &pgproto3.Execute{}, &pgproto3.Sync{},
+			&pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{},
+			&pgproto3.Parse{Name: "r", Query: "ROLLBACK"}, &pgproto3.Bind{PreparedStatement: "r"}, &pgproto3.Execute{}, &pgproto3.Sync{},
+		}, "parse bind complete:BEGIN parse error:22012 ready error:25P02 ready parse bind complete:ROLLBACK ready"},
+		{[]pgproto3.FrontendMessage{&pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{}}, "bind data(text) complete:SELECT 1 ready"},
+		// Materialized by a mixed cycle; then the server has it.
+		{[]pgproto3.FrontendMessage{
+			&pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Parse{Name: "x", Query: "SELECT 'x'"}, &pgproto3.Sync{},
+			&pgproto3.Describe{ObjectType: 'S'}, &pgproto3.Sync{},
+		}, "bind data(text) complete:SELECT 1 parse ready params[] row(leaf_next/0/0/20/8/-1/0) ready"},
+	}
+	for i, st := range steps {
+		if got := strings.Join(exchange(t, fe, st.msgs...), " "); got != st.want {
+			t.Fatalf("step %d: responses\n%s\nwant\n%s", i, got, st.want)
+		}
+	}
 }

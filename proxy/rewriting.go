@@ -90,7 +90,7 @@ func (c *conn) onQuery(n int) error {
 	s := &c.sess
 	// A Query drops the unnamed statement at the server: neither a local one nor the
 	// server's may be bound locally any more.
-	s.localStmt = nil
+	s.setUnnamed(nil)
 	s.mu.Lock()
 	if st := s.stmts[""]; st != nil && st.fast != nil {
 		s.stmts[""] = &statement{slots: st.slots}
@@ -328,7 +328,7 @@ func (c *conn) onDescribe(n int) error {
 
 func (c *conn) handleDescribe(body []byte) error {
 	s := &c.sess
-	if len(body) > 1 && body[0] == 'S' && body[1] == 0 && s.localStmt != nil {
+	if len(body) > 1 && body[0] == 'S' && body[1] == 0 && s.unnamed() != nil {
 		if err := c.materialize(); err != nil {
 			return err
 		}
@@ -361,7 +361,7 @@ func (c *conn) handleClose(body []byte) error {
 	s := &c.sess
 	if len(body) > 1 && body[0] == 'S' && body[1] == 0 {
 		// The server closes whatever unnamed statement it has; the local one is gone too.
-		s.localStmt = nil
+		s.setUnnamed(nil)
 	}
 	s.mu.Lock()
 	cy := s.openLocked()

@@ -26,6 +26,12 @@ type undoEntry struct {
 	all     map[string]*statement
 	noop    bool // only marks a completion to expect (Close of a portal or of an unknown name)
 	confirm byte // '1' (ParseComplete) or '3' (CloseComplete) confirms it; 0: the cycle's success does
+
+	// local is the proxy-local unnamed statement a Parse materialized: when the Parse
+	// did not happen, the statement is local again, unless the unnamed statement has
+	// changed since (localGen is unnamedGen after the materialization).
+	local    *localStatement
+	localGen uint64
 }
 
 // cycle is one request cycle: a Query, or the extended-protocol messages up to a Sync. An
@@ -63,13 +69,30 @@ type sessionState struct {
 	idsBuf []int64
 	outBuf []byte
 
-	// The proxy-local side, used only by the client-to-upstream goroutine (no lock):
 	// localStmt is the unnamed statement when the proxy answered its Parse itself (the
-	// server's unnamed statement is then stale), local the extended-protocol cycle the
-	// proxy is answering itself.
+	// server's unnamed statement is then stale); unnamedGen counts its changes. Both are
+	// under mu: a failed materialization restores it from the other goroutine.
 	localStmt  *localStatement
+	unnamedGen uint64
+	// local is the extended-protocol cycle the proxy is answering itself; used only by the
+	// client-to-upstream goroutine.
 	local      *localCycle
 	localSpare *localCycle // reused by every local cycle
+}
+
+// unnamed returns the proxy-local unnamed statement, or nil.
+func (s *sessionState) unnamed() *localStatement {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.localStmt
+}
+
+// setUnnamed changes the proxy-local unnamed statement.
+func (s *sessionState) setUnnamed(st *localStatement) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.localStmt = st
+	s.unnamedGen++
 }
 
 // statementLocked returns the statement named name, or nil.
@@ -133,6 +156,9 @@ func (s *sessionState) settleLocked(cy *cycle) {
 	}
 	for i := len(cy.undo) - 1; i >= cy.confirmed; i-- {
 		u := cy.undo[i]
+		if u.local != nil && s.unnamedGen == u.localGen {
+			s.localStmt = u.local
+		}
 		switch {
 		case u.noop:
 		case u.all != nil:

@@ -37,10 +37,12 @@ docker:
 test-short:
 	$(GO) test -short -count=1 $(PKGS)
 
-## bench: Go benchmarks and the pgbench comparisons
+## bench: Go benchmarks, then pgbench direct vs proxy vs PgBouncer (BENCHFLAGS, e.g. -T 5s -rounds 3)
+BENCHPKGS ?= ./idgen/... ./rewrite/ ./proxy/ ./internal/metrics/
 bench:
 	scripts/install-deps.sh --bench
-	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+	$(TESTENV) -no-zk -- $(GO) test -run '^$$' -bench . -benchmem $(BENCHPKGS)
+	$(TESTENV) -no-zk -- $(GO) run ./internal/pgbench/cmd/pgbenchcmp $(BENCHFLAGS)
 
 lint: vet
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi

@@ -11,7 +11,6 @@ package worker
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync/atomic"
 )
 
@@ -55,40 +54,16 @@ var (
 	ErrClockBehind = errors.New("worker: clock is behind the recorded timestamp of the worker ID")
 	// ErrUnreachable: the store could not be reached and no fallback applied.
 	ErrUnreachable = errors.New("worker: worker ID store unreachable")
+	// ErrInUse: another process holds the static worker ID's state file (the same ID and
+	// the same state directory), so both would issue the same IDs.
+	ErrInUse = errors.New("worker: worker ID in use by another process")
+	// ErrBadState: the static worker ID's state file cannot be read as a high-water
+	// mark. The source refuses to guess one: a mark too low could repeat IDs.
+	ErrBadState = errors.New("worker: bad worker ID state file")
 )
 
 // MaxID is the largest worker ID of the default layout (10 worker bits).
 const MaxID = 1023
-
-// Static is a Source that always hands out the same configured worker ID. It records no
-// high-water mark, so two processes configured with the same ID collide: use it only
-// where the IDs are assigned by hand.
-type Static struct {
-	ID int64
-}
-
-// Name returns "static".
-func (s Static) Name() string { return "static" }
-
-// Acquire returns a lease on s.ID that is never lost.
-func (s Static) Acquire(context.Context) (Lease, error) {
-	if s.ID < 0 {
-		return nil, fmt.Errorf("worker: static worker ID %d is negative", s.ID)
-	}
-	return &staticLease{id: s.ID}, nil
-}
-
-type staticLease struct {
-	id   int64
-	last atomic.Int64
-}
-
-func (l *staticLease) WorkerID() int64             { return l.id }
-func (l *staticLease) HighWater() int64            { return 0 }
-func (l *staticLease) Record(ms int64)             { RecordMax(&l.last, ms) }
-func (l *staticLease) Held() bool                  { return true }
-func (l *staticLease) Done() <-chan struct{}       { return nil }
-func (l *staticLease) Close(context.Context) error { return nil }
 
 // RecordMax stores ms in v unless v already holds a larger value. Sources use it to
 // implement Lease.Record.

@@ -27,7 +27,10 @@
 //
 // Known limits: a refusal inside a transaction block does not abort the transaction at
 // the server, so the following ReadyForQuery reports the status the server has ('T', not
-// 'E'). GSSAPI authentication and GSSAPI encryption are not relayed. SCRAM channel
+// 'E'). When the server does not create an unnamed statement the proxy parsed itself (an
+// error earlier in the cycle), a cycle the client pipelined behind that one, sent before
+// the failure was known, may get 26000 (no such statement) for it. GSSAPI authentication
+// and GSSAPI encryption are not relayed. SCRAM channel
 // binding (SCRAM-SHA-256-PLUS) binds the authentication to the certificate of the server
 // the client talks TLS with, which is the proxy: it only succeeds when the proxy presents
 // the database's own certificate and key; otherwise TLS clients must connect with

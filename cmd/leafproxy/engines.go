@@ -28,7 +28,12 @@ func (a *app) workerSource() (worker.Source, error) {
 	addr := a.advertisedAddr()
 	switch a.cfg.WorkerSource {
 	case config.WorkerStatic:
-		return worker.Static{ID: int64(a.cfg.WorkerID)}, nil
+		return worker.Static{
+			ID:       int64(a.cfg.WorkerID),
+			StateDir: a.cfg.WorkerStateDir,
+			Logger:   a.log,
+			Hooks:    hooks,
+		}, nil
 	case config.WorkerPostgres:
 		return wpostgres.New(wpostgres.Settings{
 			Pool:   a.pool,

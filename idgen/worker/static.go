@@ -84,6 +84,7 @@ func (s Static) Acquire(ctx context.Context) (Lease, error) {
 	}
 	l.log = l.log.WithFields(logrus.Fields{"worker_id": s.ID, "state_file": st.path})
 	l.hooks = s.Hooks
+	l.log.WithField("high_water_ms", hw).Info("locked the static worker ID; its high-water mark is kept in the state file")
 	l.stop = make(chan struct{})
 	l.stopped = make(chan struct{})
 	go l.run()

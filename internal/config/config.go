@@ -48,6 +48,7 @@ type Config struct {
 
 	WorkerSource   string `yaml:"worker-source"`
 	WorkerID       int    `yaml:"worker-id"`
+	WorkerStateDir string `yaml:"worker-state-dir"`
 	ZooKeeper      List   `yaml:"zk"`
 	ZooKeeperName  string `yaml:"zk-name"`
 	AdvertisedAddr string `yaml:"advertise"`
@@ -178,6 +179,8 @@ var settings = []setting{
 		field: func(c *Config) any { return &c.WorkerSource }},
 	{name: "worker-id", usage: "snowflake worker ID 0..1023 (worker-source static only)",
 		field: func(c *Config) any { return &c.WorkerID }},
+	{name: "worker-state-dir", arg: "DIR", usage: "directory where worker-source static keeps the worker ID's time high-water mark (worker-{id}.highwater) and lock; use one that survives reboots (default: {TMPDIR}/leafproxy)",
+		field: func(c *Config) any { return &c.WorkerStateDir }},
 	{name: "zk", arg: "HOST:PORT,...", usage: "ZooKeeper servers, comma-separated host:port list",
 		field: func(c *Config) any { return &c.ZooKeeper }},
 	{name: "zk-name", arg: "NAME", usage: "name under /snowflake/ in ZooKeeper (Leaf's leaf.name); also the leaf_worker_lease holder prefix",

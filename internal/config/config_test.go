@@ -43,6 +43,9 @@ func TestDefaults(t *testing.T) {
 	if c.WorkerSource != WorkerPostgres {
 		t.Errorf("worker source without zk = %q, want postgres", c.WorkerSource)
 	}
+	if c.WorkerStateDir != "" {
+		t.Errorf("worker-state-dir = %q with worker-source postgres, want it unset", c.WorkerStateDir)
+	}
 	if c.SnowflakeEpoch != DefaultSnowflakeEpoch || c.SegmentPreload != 0.9 {
 		t.Errorf("epoch %d, preload %v", c.SnowflakeEpoch, c.SegmentPreload)
 	}
@@ -54,6 +57,21 @@ func TestDefaults(t *testing.T) {
 	}
 	if c.WorkerSource != WorkerZooKeeper {
 		t.Errorf("worker source with zk = %q, want zookeeper", c.WorkerSource)
+	}
+}
+
+func TestWorkerStateDirDefault(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	c, err := load(t, "", map[string]string{"LEAFPROXY_STORE": testStore}, "--worker-source", "static", "--worker-id", "4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Join(tmp, "leafproxy"); c.WorkerStateDir != want || DefaultWorkerStateDir() != want {
+		t.Errorf("worker-state-dir = %q, DefaultWorkerStateDir() = %q, want %q", c.WorkerStateDir, DefaultWorkerStateDir(), want)
+	}
+	if c.Origins["worker-state-dir"] != "default" {
+		t.Errorf("origin of worker-state-dir = %q, want default", c.Origins["worker-state-dir"])
 	}
 }
 
@@ -106,7 +124,8 @@ log-level: debug
 }
 
 func TestTypedValuesFromEverysource(t *testing.T) {
-	c, err := load(t, "store: "+testStore+"\nshutdown-timeout: 5s\nsegment-preload: 0.5\nmigrate-on-start: true\n",
+	stateDir := t.TempDir()
+	c, err := load(t, "store: "+testStore+"\nshutdown-timeout: 5s\nsegment-preload: 0.5\nmigrate-on-start: true\nworker-state-dir: "+stateDir+"\n",
 		map[string]string{"LEAFPROXY_MAX_CLIENT_CONNS": "7", "LEAFPROXY_WORKER_SOURCE": "static"},
 		"--worker-id", "1023", "--snowflake-epoch", "1600000000000", "--clock-max-backwards", "10ms")
 	if err != nil {
@@ -114,7 +133,7 @@ func TestTypedValuesFromEverysource(t *testing.T) {
 	}
 	if c.ShutdownTimeout != 5*time.Second || c.SegmentPreload != 0.5 || !c.MigrateOnStart ||
 		c.MaxClientConns != 7 || c.WorkerID != 1023 || c.WorkerSource != WorkerStatic ||
-		c.SnowflakeEpoch != 1600000000000 || c.MaxBackwards != 10*time.Millisecond {
+		c.SnowflakeEpoch != 1600000000000 || c.MaxBackwards != 10*time.Millisecond || c.WorkerStateDir != stateDir {
 		t.Errorf("got %+v", c)
 	}
 	c, err = load(t, "", map[string]string{"LEAFPROXY_STORE": testStore, "LEAFPROXY_MIGRATE_ON_START": "true"}, "--migrate-on-start=false")
@@ -161,6 +180,8 @@ func TestErrors(t *testing.T) {
 		{"static without id", "", s, []string{"--worker-source", "static"}, []string{"worker-id (default): required with worker-source static"}},
 		{"worker id range", "", s, []string{"--worker-source", "static", "--worker-id", "1024"}, []string{"worker-id (flag --worker-id)", "outside 0..1023"}},
 		{"worker id without static", "", s, []string{"--worker-id", "3"}, []string{"only used with worker-source static"}},
+		{"state dir without static", "", s, []string{"--worker-state-dir", "/var/lib/leafproxy"}, []string{"worker-state-dir (flag --worker-state-dir)", "only used with worker-source static"}},
+		{"state dir is a file", "", with("LEAFPROXY_WORKER_STATE_DIR", "/dev/null"), []string{"--worker-source", "static", "--worker-id", "1"}, []string{"worker-state-dir (env LEAFPROXY_WORKER_STATE_DIR)", "/dev/null is not a directory"}},
 		{"zookeeper without zk", "", s, []string{"--worker-source", "zookeeper"}, []string{"zk (default): required with worker-source zookeeper"}},
 		{"bad source", "", s, []string{"--worker-source", "etcd"}, []string{"worker-source", `"etcd" is not one of`}},
 		{"bad zk", "", s, []string{"--zk", "a:1,b"}, []string{"zk (flag --zk)", `"b" is not host:port`}},

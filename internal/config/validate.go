@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -17,9 +18,16 @@ import (
 // MaxWorkerID is the largest worker ID of the default snowflake layout (10 bits).
 const MaxWorkerID = 1023
 
+// DefaultWorkerStateDir is worker-state-dir when it is not set: leafproxy under the
+// temporary directory ($TMPDIR or /tmp). All proxies of a user on a host share it, so
+// two of them started with the same static worker ID find each other's lock. A system
+// that empties /tmp at boot loses the mark exactly when a clock is most likely wrong:
+// production should set a persistent directory such as /var/lib/leafproxy.
+func DefaultWorkerStateDir() string { return filepath.Join(os.TempDir(), "leafproxy") }
+
 // Validate checks every setting and fills in the derived ones (WorkerSource when left
-// empty, FillRules). Each problem is reported as "name (origin): what is wrong"; all
-// problems are joined into one error.
+// empty, WorkerStateDir with worker-source static, FillRules). Each problem is reported
+// as "name (origin): what is wrong"; all problems are joined into one error.
 func (c *Config) Validate() error {
 	var errs []error
 	bad := func(name, format string, args ...any) {
@@ -105,6 +113,18 @@ func (c *Config) Validate() error {
 	} else if c.WorkerID != 0 && c.WorkerSource != WorkerStatic {
 		// 0 is the default, so a file listing every key may carry it harmlessly.
 		bad("worker-id", "only used with worker-source static, but the worker source is %s", c.WorkerSource)
+	}
+	switch {
+	case c.WorkerSource == WorkerStatic && c.WorkerStateDir == "":
+		c.WorkerStateDir = DefaultWorkerStateDir()
+	case c.WorkerSource != WorkerStatic && c.WorkerStateDir != "":
+		// "" is the default, so a file listing every key may carry it harmlessly.
+		bad("worker-state-dir", "only used with worker-source static, but the worker source is %s", c.WorkerSource)
+	}
+	if c.WorkerSource == WorkerStatic {
+		if fi, err := os.Stat(c.WorkerStateDir); err == nil && !fi.IsDir() {
+			bad("worker-state-dir", "%s is not a directory", c.WorkerStateDir)
+		}
 	}
 	for _, zk := range c.ZooKeeper {
 		if err := checkHostPort(zk); err != nil {

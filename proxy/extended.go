@@ -126,6 +126,9 @@ func (c *conn) handleParse(body []byte, mat *localStatement) error {
 	}
 	s.applySQLEffectsLocked(cy, plan)
 	s.mu.Unlock()
+	if mat == nil {
+		c.rewritten("parse")
+	}
 	return c.send('P', out)
 }
 

@@ -43,8 +43,13 @@ func (c *conn) nextID(slot rewrite.Slot, tag string) (int64, error) {
 // errorResponse encodes err as an ErrorResponse of severity ERROR. Rewrite refusals keep
 // their SQLSTATE, hint and position; other errors give their SQLState() when they have
 // one, else 58000.
-func errorResponse(err error) []byte {
+func (c *conn) errorResponse(err error) []byte {
 	msg := &pgproto3.ErrorResponse{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: codeSystemError, Message: err.Error()}
+	defer func() {
+		if c.srv.OnError != nil {
+			c.srv.OnError(msg.Code)
+		}
+	}()
 	var re *rewrite.Error
 	var coded interface{ SQLState() string }
 	switch {

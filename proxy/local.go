@@ -278,11 +278,12 @@ func (c *conn) answerLocal(typ byte, body []byte) bool {
 		}
 		id, err := c.nextID(p.fast.Slot, "")
 		if err != nil {
-			lc.out = append(lc.out, errorResponse(&idError{err})...)
+			lc.out = append(lc.out, c.errorResponse(&idError{err})...)
 			lc.failed = true
 			break
 		}
 		p.ran = true
+		c.rewritten("fast_path")
 		lc.out = appendDataRow(lc.out, id, p.binary)
 		if maxRows := int32(binary.BigEndian.Uint32(body[1:])); maxRows == 1 {
 			// The row filled the fetch: the server does not yet know the portal is

@@ -134,6 +134,7 @@ func (c *conn) onQuery(n int) error {
 	s.applySQLEffectsLocked(cy, plan)
 	s.mu.Unlock()
 	c.pending.Add(1)
+	c.rewritten("query")
 	return c.send('Q', out)
 }
 
@@ -233,9 +234,17 @@ func (c *conn) fastPath(fp *rewrite.FastPath) (bool, error) {
 	out, _ = (&pgproto3.DataRow{Values: [][]byte{value}}).Encode(out)
 	out, _ = (&pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")}).Encode(out)
 	s.outBuf = keepSmall(out)
+	c.rewritten("fast_path")
 	c.cwMu.Lock()
 	defer c.cwMu.Unlock()
 	return true, c.writeLocalLocked(out)
+}
+
+// rewritten reports a rewritten or locally answered statement to the OnRewrite hook.
+func (c *conn) rewritten(kind string) {
+	if c.srv.OnRewrite != nil {
+		c.srv.OnRewrite(kind)
+	}
 }
 
 // writeLocalLocked sends the proxy's own response and a ReadyForQuery with the current
@@ -253,7 +262,7 @@ func (c *conn) writeLocalLocked(msgs []byte) error {
 // refuseQuery answers a Query with an error of the proxy's own, forwarding nothing: at
 // once when nothing is outstanding, else queued behind the outstanding cycles.
 func (c *conn) refuseQuery(err error) error {
-	msg := errorResponse(err)
+	msg := c.errorResponse(err)
 	s := &c.sess
 	c.cwMu.Lock()
 	s.mu.Lock()
@@ -288,7 +297,7 @@ func (c *conn) refuseQuery(err error) error {
 // and, like the server after an error, ignores the client's messages until Sync. The
 // error reaches the client after the responses to the messages before it.
 func (c *conn) refuseExtended(err error) error {
-	msg := errorResponse(err)
+	msg := c.errorResponse(err)
 	s := &c.sess
 	c.cwMu.Lock()
 	defer c.cwMu.Unlock()

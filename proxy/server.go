@@ -80,6 +80,13 @@ type Server struct {
 	OnConnOpen  func()            // a client connection was accepted
 	OnConnClose func()            // a client connection was closed
 	OnReject    func(code string) // a client was refused with this SQLSTATE by the proxy itself
+	// OnRewrite is called once per statement the proxy rewrote or answered itself: kind
+	// is "query" (a rewritten Query), "parse" (a rewritten Parse) or "fast_path" (a
+	// leaf_next answered without the database).
+	OnRewrite func(kind string)
+	// OnError is called with the SQLSTATE of every error the proxy answers a statement
+	// with itself (refusals, ID failures); the database's own errors are not counted.
+	OnError func(code string)
 
 	mu         sync.Mutex
 	listeners  map[*net.Listener]struct{}

@@ -174,6 +174,15 @@ func TestMetricsMove(t *testing.T) {
 	if err := conn.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil || one != 1 {
 		t.Fatalf("SELECT 1 through the proxy: %v", err)
 	}
+	// A leaf_next answered by the proxy and an error of its own move the rewrite and
+	// error counters.
+	var id int64
+	if err := conn.QueryRow(ctx, "SELECT leaf_next('audit')", pgx.QueryExecModeSimpleProtocol).Scan(&id); err != nil {
+		t.Fatalf("leaf_next through the proxy: %v", err)
+	}
+	if _, err := conn.Exec(ctx, "SELECT leaf_next('nope')", pgx.QueryExecModeSimpleProtocol); err == nil {
+		t.Fatal("leaf_next of an unknown tag succeeded")
+	}
 	_, during := s.get("/metrics", "")
 	conn.Close(ctx)
 
@@ -190,6 +199,8 @@ func TestMetricsMove(t *testing.T) {
 		{`leafproxy_id_errors_total{engine="segment",reason="unknown_tag"}`, 1},
 		{`leafproxy_client_connections`, 1},
 		{`leafproxy_client_connections_total`, 1},
+		{`leafproxy_rewrites_total{kind="fast_path"}`, 1},
+		{`leafproxy_errors_total{sqlstate="42704"}`, 1},
 	} {
 		if got := metricValue(t, during, tc.series); got < tc.min {
 			t.Errorf("%s = %v after traffic, want ≥ %v", tc.series, got, tc.min)

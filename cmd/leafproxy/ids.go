@@ -39,16 +39,10 @@ func (e *idError) SQLState() string { return sqlStateOf(e.err) }
 // idSource gives the proxy IDs from the router, with SQLSTATEs on the errors.
 type idSource struct {
 	router *idgen.Router
-	onErr  func(sqlstate string) // counts the failure; may be nil
 }
 
-func (s *idSource) fail(err error) error {
-	e := &idError{err: err}
-	if s.onErr != nil {
-		s.onErr(e.SQLState())
-	}
-	return e
-}
+// fail gives err its SQLSTATE; the proxy counts the errors it answers (OnError).
+func (s *idSource) fail(err error) error { return &idError{err: err} }
 
 // Next returns the next ID of tag (leaf_next('tag') and fill rules).
 func (s *idSource) Next(ctx context.Context, tag string) (int64, error) {

@@ -26,9 +26,7 @@ func TestIDSourceSQLStates(t *testing.T) {
 		{fmt.Errorf("segment: %w", idgen.ErrUnavailable), "58000"},
 		{context.DeadlineExceeded, "58000"},
 	} {
-		var counted []string
-		src := &idSource{router: idgen.NewRouter(errGen{tc.err}, errGen{tc.err}, []string{"snow"}),
-			onErr: func(s string) { counted = append(counted, s) }}
+		src := &idSource{router: idgen.NewRouter(errGen{tc.err}, errGen{tc.err}, []string{"snow"})}
 		for _, call := range []func() error{
 			func() error { _, err := src.Next(ctx, "seg"); return err },
 			func() error { _, err := src.Next(ctx, "snow"); return err },
@@ -42,9 +40,6 @@ func TestIDSourceSQLStates(t *testing.T) {
 			if !errors.Is(err, tc.err) {
 				t.Errorf("%v: the engine error is not wrapped", tc.err)
 			}
-		}
-		if len(counted) != 3 || counted[0] != tc.want {
-			t.Errorf("%v: counted %v", tc.err, counted)
 		}
 	}
 	// The empty tag is refused by the router itself.

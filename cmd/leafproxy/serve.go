@@ -339,7 +339,7 @@ func (a *app) newProxy() (*proxy.Server, error) {
 	}
 	s := &proxy.Server{
 		Rewriter:        rw,
-		IDs:             &idSource{router: a.router, onErr: a.metrics.Error},
+		IDs:             &idSource{router: a.router},
 		Upstream:        cfg.Upstream,
 		UpstreamSSLMode: mode,
 		MaxClientConns:  cfg.MaxClientConns,
@@ -348,6 +348,8 @@ func (a *app) newProxy() (*proxy.Server, error) {
 		OnConnOpen:      a.metrics.ConnOpened,
 		OnConnClose:     a.metrics.ConnClosed,
 		OnReject:        a.metrics.Rejected,
+		OnRewrite:       a.metrics.Rewrite,
+		OnError:         a.metrics.Error,
 	}
 	if cfg.UpstreamCA != "" {
 		pem, err := os.ReadFile(cfg.UpstreamCA)

@@ -214,7 +214,8 @@ func (m *Metrics) ConnClosed() { m.clientConns.Dec() }
 // Rejected counts a client the proxy refused itself (proxy.Server.OnReject).
 func (m *Metrics) Rejected(sqlstate string) { m.rejects.inc(sqlstate) }
 
-// Rewrite counts a rewritten statement of a kind ("leaf_next", "fill", "fast_path", …).
+// Rewrite counts a statement the proxy rewrote or answered, by kind ("query", "parse",
+// "fast_path").
 func (m *Metrics) Rewrite(kind string) { m.rewrites.inc(kind) }
 
 // Error counts an error the proxy answered itself, by SQLSTATE.

@@ -14,6 +14,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	mathrand "math/rand/v2"
 	"net"
 	"net/url"
 	"os"
@@ -127,14 +128,35 @@ func WithUser(rawURL, user, password string) string {
 	return u.String()
 }
 
-// FreePort returns a loopback TCP port that was free a moment ago.
+// FreePort returns a loopback TCP port that was free a moment ago. It is drawn at random
+// from below the kernel's ephemeral range: a port the kernel handed out for "port 0" could
+// be given again to the next outgoing connection before the server that is to listen on it
+// (a JVM taking seconds to start, say) binds it, which under load broke ZooKeeper elections.
 func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	lo, hi := portRange()
+	for range 200 {
+		port := lo + mathrand.IntN(hi-lo)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		return port, nil
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return 0, fmt.Errorf("no free loopback port in %d..%d", lo, hi)
+}
+
+// portRange returns the ports FreePort draws from: 10000 up to the start of the
+// ephemeral range (32768 unless the kernel says otherwise).
+func portRange() (lo, hi int) {
+	lo, hi = 10000, 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		var first, last int
+		if n, _ := fmt.Sscan(string(b), &first, &last); n == 2 && first > lo+1000 {
+			hi = first
+		}
+	}
+	return lo, hi
 }
 
 func randomHex(n int) string {

@@ -22,11 +22,7 @@ import (
 // an hour behind the mark refuses to start, and a normal restart issues above the mark.
 func TestStaticWorkerStateFile(t *testing.T) {
 	t.Parallel()
-	clockBin := filepath.Join(t.TempDir(), "leafproxy-testclock")
-	build := exec.Command("go", "build", "-tags", "leafproxy_testclock", "-o", clockBin, ".")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build with -tags leafproxy_testclock: %v\n%s", err, out)
-	}
+	clockBin := testClockBinary(t)
 	dsn := newStore(t)
 	for _, tc := range []struct {
 		name string

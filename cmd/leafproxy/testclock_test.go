@@ -1,10 +1,12 @@
 package main
 
 import (
+	"fmt"
 	"net/http"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -16,11 +18,7 @@ import (
 // gone. The release binary has no such endpoint.
 func TestClockHook(t *testing.T) {
 	t.Parallel()
-	clockBin := filepath.Join(t.TempDir(), "leafproxy-testclock")
-	build := exec.Command("go", "build", "-tags", "leafproxy_testclock", "-o", clockBin, ".")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build with -tags leafproxy_testclock: %v\n%s", err, out)
-	}
+	clockBin := testClockBinary(t)
 	dsn := newStore(t)
 	s := startServeBinary(t, clockBin, nil, serveArgs(t, dsn, 8, "--http-token", "tk", "--clock-max-backwards", "1s")...)
 	s.waitFor("ready", func() bool { code, _ := s.get("/readyz", "tk"); return code == 200 })
@@ -68,4 +66,28 @@ func TestClockHook(t *testing.T) {
 	if resp.StatusCode != http.StatusNotFound {
 		t.Errorf("release binary: POST /debug/clock = %d, want 404", resp.StatusCode)
 	}
+}
+
+var testClock struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// testClockBinary builds the test-only binary (-tags leafproxy_testclock) once for the
+// tests that need it; a cgo link is too slow to repeat.
+func testClockBinary(t *testing.T) string {
+	t.Helper()
+	testClock.once.Do(func() {
+		// Next to the release binary, so TestMain removes both.
+		testClock.path = filepath.Join(filepath.Dir(binPath), "leafproxy-testclock")
+		out, err := exec.Command("go", "build", "-tags", "leafproxy_testclock", "-o", testClock.path, ".").CombinedOutput()
+		if err != nil {
+			testClock.err = fmt.Errorf("build with -tags leafproxy_testclock: %w\n%s", err, out)
+		}
+	})
+	if testClock.err != nil {
+		t.Fatal(testClock.err)
+	}
+	return testClock.path
 }

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -77,36 +76,17 @@ func waitLeader(ens []*testenv.ZooKeeper, gone *testenv.ZooKeeper, timeout time.
 // zkSocketStates returns the TCP states (hex, as in /proc/net/tcp: 01 ESTABLISHED,
 // 08 CLOSE_WAIT) of the process's sockets whose remote port is one of ports.
 func zkSocketStates(pid int, ports map[int]bool) ([]string, error) {
-	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	socks, err := procSockets(pid)
 	if err != nil {
 		return nil, err
 	}
-	inodes := map[string]bool{}
-	for _, fd := range fds {
-		target, err := os.Readlink(filepath.Join(fmt.Sprintf("/proc/%d/fd", pid), fd.Name()))
-		if err == nil && strings.HasPrefix(target, "socket:[") {
-			inodes[strings.TrimSuffix(strings.TrimPrefix(target, "socket:["), "]")] = true
-		}
-	}
 	var states []string
-	for _, file := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
-		f, err := os.Open(file)
-		if err != nil {
-			continue
+	for _, s := range socks {
+		i := strings.LastIndexByte(s.remote, ':')
+		port, err := strconv.ParseInt(s.remote[i+1:], 16, 32)
+		if err == nil && ports[int(port)] {
+			states = append(states, s.state)
 		}
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			fields := strings.Fields(sc.Text())
-			if len(fields) < 10 || !inodes[fields[9]] {
-				continue
-			}
-			i := strings.LastIndexByte(fields[2], ':')
-			port, err := strconv.ParseInt(fields[2][i+1:], 16, 32)
-			if err == nil && ports[int(port)] {
-				states = append(states, fields[3])
-			}
-		}
-		f.Close()
 	}
 	return states, nil
 }

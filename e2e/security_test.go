@@ -1,11 +1,9 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"net"
 	"net/http"
 	"net/url"
@@ -243,51 +241,15 @@ func TestSecurity(t *testing.T) {
 
 // listenAddrs returns the addresses the process's listening TCP sockets are bound to.
 func listenAddrs(pid int) ([]string, error) {
-	entries, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	socks, err := procSockets(pid)
 	if err != nil {
 		return nil, err
 	}
-	inodes := map[string]bool{}
-	for _, e := range entries {
-		target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, e.Name()))
-		if err == nil && strings.HasPrefix(target, "socket:[") {
-			inodes[strings.TrimSuffix(strings.TrimPrefix(target, "socket:["), "]")] = true
-		}
-	}
 	var out []string
-	for _, file := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
-		f, err := os.Open(file)
-		if err != nil {
-			continue
+	for _, s := range socks {
+		if s.state == "0A" { // LISTEN
+			out = append(out, procAddr(s.local))
 		}
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			fields := strings.Fields(sc.Text())
-			if len(fields) < 10 || fields[3] != "0A" || !inodes[fields[9]] {
-				continue
-			}
-			out = append(out, procAddr(fields[1]))
-		}
-		f.Close()
 	}
 	return out, nil
-}
-
-// procAddr turns /proc/net/tcp's "0100007F:1F90" into "127.0.0.1:8080".
-func procAddr(s string) string {
-	hexIP, hexPort, _ := strings.Cut(s, ":")
-	var port int
-	fmt.Sscanf(hexPort, "%X", &port)
-	var b []byte
-	for i := 0; i+8 <= len(hexIP); i += 8 {
-		var w uint32
-		fmt.Sscanf(hexIP[i:i+8], "%X", &w)
-		// Each 32-bit word is in host (little-endian) order.
-		b = append(b, byte(w), byte(w>>8), byte(w>>16), byte(w>>24))
-	}
-	ip := net.IP(b)
-	if len(b) == 16 {
-		return fmt.Sprintf("[%s]:%d", ip, port)
-	}
-	return fmt.Sprintf("%s:%d", ip, port)
 }

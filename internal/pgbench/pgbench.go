@@ -34,6 +34,11 @@ type Endpoint struct {
 	// Script is a custom pgbench script (-f); empty means Args alone select the workload.
 	Script string
 	Args   []string // further pgbench arguments, e.g. "-S"
+	// CPU, when set, reads the cumulative CPU time of the hop in front of the database
+	// (the proxy or PgBouncer process). Its growth over a run, divided by the
+	// transactions, is the hop's own cost per transaction: a figure that, unlike TPS,
+	// does not depend on how many cores pgbench and the server leave it.
+	CPU func() (time.Duration, error)
 }
 
 // Group is one workload compared across endpoints; Endpoints[0] is the baseline.
@@ -60,11 +65,22 @@ type Result struct {
 	Clients               int
 	TPS                   float64
 	Failed                int
+	Transactions          int64         // transactions pgbench completed
+	HopCPU                time.Duration // CPU time the endpoint's CPU meter grew by; 0 without one
+}
+
+// CPUPerTx is the hop's CPU time per transaction, 0 when unknown.
+func (r Result) CPUPerTx() time.Duration {
+	if r.Transactions <= 0 {
+		return 0
+	}
+	return r.HopCPU / time.Duration(r.Transactions)
 }
 
 var (
 	tpsRe    = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`)
 	failedRe = regexp.MustCompile(`number of failed transactions: (\d+)`)
+	txRe     = regexp.MustCompile(`number of transactions actually processed: (\d+)`)
 )
 
 // Run runs every group for every mode and client count. Within one row, endpoints run
@@ -102,8 +118,8 @@ func Run(ctx context.Context, cfg Config, groups []Group) ([]Result, error) {
 						r.Group = g.Name
 						runs[i] = append(runs[i], r)
 						if cfg.Log != nil {
-							cfg.Log("%-12s %-9s %2d clients %-10s %10.0f tps (%d failed)",
-								g.Name, mode, clients, e.Name, r.TPS, r.Failed)
+							cfg.Log("%-12s %-9s %2d clients %-10s %10.0f tps (%d failed)%s",
+								g.Name, mode, clients, e.Name, r.TPS, r.Failed, cpuNote(r))
 						}
 					}
 				}
@@ -144,10 +160,26 @@ func runOne(ctx context.Context, bin, dir string, d time.Duration, e Endpoint, m
 	cmd := exec.CommandContext(ctx, bin, args...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
+	var before time.Duration
+	if e.CPU != nil {
+		var err error
+		if before, err = e.CPU(); err != nil {
+			return Result{}, fmt.Errorf("cpu meter: %w", err)
+		}
+	}
 	if err := cmd.Run(); err != nil {
 		return Result{}, fmt.Errorf("%w\n%s", err, out.String())
 	}
-	return parse(out.String(), e.Name, mode, clients)
+	r, err := parse(out.String(), e.Name, mode, clients)
+	if err != nil || e.CPU == nil {
+		return r, err
+	}
+	after, err := e.CPU()
+	if err != nil {
+		return r, fmt.Errorf("cpu meter: %w", err)
+	}
+	r.HopCPU = after - before
+	return r, nil
 }
 
 func parse(out, endpoint, mode string, clients int) (Result, error) {
@@ -164,6 +196,9 @@ func parse(out, endpoint, mode string, clients int) (Result, error) {
 	if m := failedRe.FindStringSubmatch(out); m != nil {
 		r.Failed, _ = strconv.Atoi(m[1])
 	}
+	if m := txRe.FindStringSubmatch(out); m != nil {
+		r.Transactions, _ = strconv.ParseInt(m[1], 10, 64)
+	}
 	return r, nil
 }
 
@@ -179,10 +214,16 @@ func Table(groups []Group, results []Result) string {
 		fmt.Fprintf(&b, "\n| %s | mode | clients | %s TPS |", g.Name, base)
 		for _, e := range g.Endpoints[1:] {
 			fmt.Fprintf(&b, " %s TPS | %s / %s |", e.Name, e.Name, base)
+			if e.CPU != nil {
+				fmt.Fprintf(&b, " %s CPU µs/tx |", e.Name)
+			}
 		}
 		b.WriteString("\n|---|---|---:|---:|")
-		for range g.Endpoints[1:] {
+		for _, e := range g.Endpoints[1:] {
 			b.WriteString("---:|---:|")
+			if e.CPU != nil {
+				b.WriteString("---:|")
+			}
 		}
 		b.WriteString("\n")
 		type key struct {
@@ -210,6 +251,9 @@ func Table(groups []Group, results []Result) string {
 				r, ok := row[e.Name]
 				if !ok {
 					b.WriteString(" – | – |")
+					if e.CPU != nil {
+						b.WriteString(" – |")
+					}
 					continue
 				}
 				ratio := 0.0
@@ -217,11 +261,21 @@ func Table(groups []Group, results []Result) string {
 					ratio = r.TPS / baseTPS
 				}
 				fmt.Fprintf(&b, " %.0f%s | %.2f× |", r.TPS, failedNote(r), ratio)
+				if e.CPU != nil {
+					fmt.Fprintf(&b, " %.1f |", float64(r.CPUPerTx())/float64(time.Microsecond))
+				}
 			}
 			b.WriteString("\n")
 		}
 	}
 	return b.String()
+}
+
+func cpuNote(r Result) string {
+	if r.HopCPU == 0 {
+		return ""
+	}
+	return fmt.Sprintf(", %.1f µs CPU/tx in the hop", float64(r.CPUPerTx())/float64(time.Microsecond))
 }
 
 func failedNote(r Result) string {

@@ -3,6 +3,7 @@ package pgbench
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParse(t *testing.T) {
@@ -17,7 +18,7 @@ tps = 5123.456789 (without initial connection time)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.TPS != 5123.456789 || r.Failed != 3 || r.Endpoint != "proxy" || r.Clients != 8 {
+	if r.TPS != 5123.456789 || r.Failed != 3 || r.Transactions != 51234 || r.Endpoint != "proxy" || r.Clients != 8 {
 		t.Fatalf("parsed %+v", r)
 	}
 	if _, err := parse("pgbench: error: connection refused", "proxy", "simple", 1); err == nil {
@@ -30,15 +31,55 @@ func TestMedianAndTable(t *testing.T) {
 	if m.TPS != 20 || m.Failed != 3 {
 		t.Fatalf("median %+v", m)
 	}
-	groups := []Group{{Name: "select-only", Endpoints: []Endpoint{{Name: "direct"}, {Name: "proxy"}}}}
+	meter := func() (time.Duration, error) { return 0, nil }
+	groups := []Group{{Name: "select-only", Endpoints: []Endpoint{{Name: "direct"}, {Name: "proxy", CPU: meter}}}}
 	results := []Result{
 		{Group: "select-only", Endpoint: "direct", Mode: "simple", Clients: 8, TPS: 1000},
-		{Group: "select-only", Endpoint: "proxy", Mode: "simple", Clients: 8, TPS: 900},
+		{Group: "select-only", Endpoint: "proxy", Mode: "simple", Clients: 8, TPS: 900, Transactions: 4000, HopCPU: 50 * time.Millisecond},
 	}
 	table := Table(groups, results)
-	for _, want := range []string{"| select-only | mode | clients | direct TPS | proxy TPS | proxy / direct |", "| | simple | 8 | 1000 | 900 | 0.90× |"} {
+	for _, want := range []string{
+		"| select-only | mode | clients | direct TPS | proxy TPS | proxy / direct | proxy CPU µs/tx |",
+		"|---|---|---:|---:|---:|---:|---:|",
+		"| | simple | 8 | 1000 | 900 | 0.90× | 12.5 |",
+	} {
 		if !strings.Contains(table, want) {
 			t.Errorf("table lacks %q:\n%s", want, table)
+		}
+	}
+}
+
+func TestParseStatCPU(t *testing.T) {
+	// A command name with a space and a parenthesis, as the kernel prints it.
+	stat := "4242 (pg bouncer) S 1 4242 4242 0 -1 4194560 283 0 0 0 150 25 0 0 20 0 1 0 1234 12345678 1000 18446744073709551615"
+	got, err := parseStatCPU(stat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := 1750 * time.Millisecond; got != want {
+		t.Fatalf("cpu %v, want %v", got, want)
+	}
+	if _, err := parseStatCPU("garbage"); err == nil {
+		t.Fatal("no error for a line without a command name")
+	}
+}
+
+func TestSelfCPUGrows(t *testing.T) {
+	before, err := SelfCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		after, err := SelfCPU()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if after > before {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("self CPU did not grow past %v while spinning", before)
 		}
 	}
 }

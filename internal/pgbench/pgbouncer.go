@@ -26,8 +26,9 @@ type PgBouncer struct {
 
 // StartPgBouncer starts PgBouncer (session mode) in front of the server of serverURL,
 // listening on a free loopback port. When the process runs as root, PgBouncer (which
-// refuses root) runs as the postgres user.
-func StartPgBouncer(ctx context.Context, serverURL string) (*PgBouncer, error) {
+// refuses root) runs as the postgres user. A non-empty socketDir makes PgBouncer reach
+// the server through its Unix socket in that directory instead of TCP.
+func StartPgBouncer(ctx context.Context, serverURL, socketDir string) (*PgBouncer, error) {
 	bin, err := exec.LookPath("pgbouncer")
 	if err != nil {
 		return nil, fmt.Errorf("pgbouncer not installed: %w", err)
@@ -39,6 +40,9 @@ func StartPgBouncer(ctx context.Context, serverURL string) (*PgBouncer, error) {
 	host, port, err := net.SplitHostPort(u.Host)
 	if err != nil {
 		return nil, fmt.Errorf("server address %q: %w", u.Host, err)
+	}
+	if socketDir != "" {
+		host = socketDir
 	}
 	listenPort, err := freePort()
 	if err != nil {
@@ -104,6 +108,9 @@ ignore_startup_parameters = extra_float_digits,options
 	}
 	return b, nil
 }
+
+// CPU is a CPU meter of the PgBouncer process.
+func (b *PgBouncer) CPU() (time.Duration, error) { return ProcessCPU(b.cmd.Process.Pid)() }
 
 // URL returns serverURL pointed at PgBouncer.
 func (b *PgBouncer) URL(serverURL string) string { return withHost(serverURL, b.Addr) }

@@ -92,11 +92,11 @@ func leafGroups(dbURL, leafURL string) []pgbench.Group {
 	return []pgbench.Group{
 		{Name: "next-id", Endpoints: []pgbench.Endpoint{
 			{Name: "direct nextval", URL: dbURL, Script: "SELECT nextval('bench_seq');\n"},
-			{Name: "proxy leaf_next", URL: leafURL, Script: "SELECT leaf_next('" + benchTag + "');\n"},
+			{Name: "proxy leaf_next", URL: leafURL, Script: "SELECT leaf_next('" + benchTag + "');\n", CPU: pgbench.SelfCPU},
 		}},
 		{Name: "insert", Endpoints: []pgbench.Endpoint{
 			{Name: "direct bigserial", URL: dbURL, Script: "INSERT INTO bench_serial (item) VALUES ('book');\n"},
-			{Name: "proxy filled", URL: leafURL, Script: "INSERT INTO " + benchFilled + " (item) VALUES ('book');\n"},
+			{Name: "proxy filled", URL: leafURL, Script: "INSERT INTO " + benchFilled + " (item) VALUES ('book');\n", CPU: pgbench.SelfCPU},
 		}},
 	}
 }

@@ -2,14 +2,21 @@
 // and ratios to a baseline, for every protocol mode and client count:
 //
 //   - select-only: `pgbench -S` against the server directly, through leafproxy's proxy
-//     (pass-through, started in process) and through PgBouncer in session mode;
+//     (pass-through, started in process) and through PgBouncer in session mode, each hop
+//     reaching the server over TCP;
+//
+//   - select-only-unix: the same with the proxy and PgBouncer reaching the server over
+//     its Unix socket, as when they run on the database host;
 //
 //   - next-id: SELECT leaf_next('bench') through a rewriting proxy whose IDs come from the
 //     segment engine, against SELECT nextval('bench_seq') on the server;
 //
 //   - insert: an INSERT whose key the proxy fills, against one with a bigserial default.
 //
-//     go run ./internal/pgbench/cmd/pgbenchcmp -url postgres://postgres@127.0.0.1:5432/postgres -T 10s -rounds 3
+// For the proxy and PgBouncer, a column gives the CPU time the hop itself spent per
+// transaction, a cost that does not depend on how many cores the machine has left it.
+//
+//	go run ./internal/pgbench/cmd/pgbenchcmp -url postgres://postgres@127.0.0.1:5432/postgres -T 10s -rounds 3
 package main
 
 import (
@@ -22,6 +29,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -31,6 +39,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/leafproxy/leafproxy/internal/pgbench"
+	"github.com/leafproxy/leafproxy/proxy"
 )
 
 func main() {
@@ -49,7 +58,8 @@ func run() error {
 	rounds := flag.Int("rounds", 3, "runs per row, endpoints interleaved; the median is reported")
 	leaf := flag.Bool("leaf", true, "add the ID rows: leaf_next vs nextval, filled INSERT vs bigserial")
 	noBouncer := flag.Bool("no-pgbouncer", false, "leave PgBouncer out")
-	only := flag.String("groups", "", "comma-separated groups to run (select-only, next-id, insert); empty runs all")
+	only := flag.String("groups", "", "comma-separated groups to run (select-only, select-only-unix, next-id, insert); empty runs all")
+	unixSocket := flag.Bool("unix", true, "add a select-only group in which the proxy and PgBouncer reach the server over its Unix socket")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (the proxy's relay) to this file")
 	flag.Parse()
 	if *cpuProfile != "" {
@@ -87,22 +97,23 @@ func run() error {
 		return fmt.Errorf("pgbench -i: %w\n%s", err, out)
 	}
 
-	proxyURL, stopProxy, err := serveProxy(dbURL, nil)
+	endpoints, stopHops, err := selectOnly(ctx, dbURL, "", !*noBouncer)
 	if err != nil {
 		return err
 	}
-	defer stopProxy()
-	endpoints := []pgbench.Endpoint{
-		{Name: "direct", URL: dbURL, Args: []string{"-S"}},
-		{Name: "proxy", URL: proxyURL, Args: []string{"-S"}},
-	}
-	if !*noBouncer {
-		bouncer, err := pgbench.StartPgBouncer(ctx, dbURL)
+	defer stopHops()
+	groups := []pgbench.Group{{Name: "select-only", Endpoints: endpoints}}
+	if *unixSocket {
+		dir, err := socketDir(ctx, dbURL)
 		if err != nil {
 			return err
 		}
-		defer bouncer.Close()
-		endpoints = append(endpoints, pgbench.Endpoint{Name: "pgbouncer", URL: bouncer.URL(dbURL), Args: []string{"-S"}})
+		unixEndpoints, stopUnix, err := selectOnly(ctx, dbURL, dir, !*noBouncer)
+		if err != nil {
+			return err
+		}
+		defer stopUnix()
+		groups = append(groups, pgbench.Group{Name: "select-only-unix", Endpoints: unixEndpoints})
 	}
 	var leafURL string
 	if *leaf {
@@ -113,9 +124,8 @@ func run() error {
 		defer stopLeaf()
 		leafURL = u
 		// The proxy as leafproxy serve runs it, rewriter on, on traffic it does not rewrite.
-		endpoints = append(endpoints, pgbench.Endpoint{Name: "proxy rewriting", URL: leafURL, Args: []string{"-S"}})
+		groups[0].Endpoints = append(groups[0].Endpoints, pgbench.Endpoint{Name: "proxy rewriting", URL: leafURL, Args: []string{"-S"}, CPU: pgbench.SelfCPU})
 	}
-	groups := []pgbench.Group{{Name: "select-only", Endpoints: endpoints}}
 	if *leaf {
 		groups = append(groups, leafGroups(dbURL, leafURL)...)
 	}
@@ -131,6 +141,73 @@ func run() error {
 	}, groups)
 	fmt.Print(pgbench.Table(groups, results))
 	return err
+}
+
+// selectOnly starts the hops of a select-only group (the proxy and, with bouncer, PgBouncer)
+// in front of the database of dbURL and returns the group's endpoints, the database
+// itself first. A non-empty socketDir makes the hops reach the server through its Unix
+// socket there.
+func selectOnly(ctx context.Context, dbURL, socketDir string, bouncer bool) ([]pgbench.Endpoint, func(), error) {
+	upstream := ""
+	if socketDir != "" {
+		port, err := serverPort(dbURL)
+		if err != nil {
+			return nil, nil, err
+		}
+		upstream = filepath.Join(socketDir, ".s.PGSQL."+port)
+	}
+	proxyURL, stopProxy, err := serveProxy(dbURL, func(s *proxy.Server) {
+		if upstream != "" {
+			s.Upstream = upstream
+		}
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	endpoints := []pgbench.Endpoint{
+		{Name: "direct", URL: dbURL, Args: []string{"-S"}},
+		{Name: "proxy", URL: proxyURL, Args: []string{"-S"}, CPU: pgbench.SelfCPU},
+	}
+	if !bouncer {
+		return endpoints, stopProxy, nil
+	}
+	b, err := pgbench.StartPgBouncer(ctx, dbURL, socketDir)
+	if err != nil {
+		stopProxy()
+		return nil, nil, err
+	}
+	endpoints = append(endpoints, pgbench.Endpoint{Name: "pgbouncer", URL: b.URL(dbURL), Args: []string{"-S"}, CPU: b.CPU})
+	return endpoints, func() { b.Close(); stopProxy() }, nil
+}
+
+// socketDir asks the server for the first directory of its Unix socket.
+func socketDir(ctx context.Context, dbURL string) (string, error) {
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close(ctx)
+	var dirs string
+	if err := conn.QueryRow(ctx, "SELECT current_setting('unix_socket_directories')").Scan(&dirs); err != nil {
+		return "", err
+	}
+	dir := strings.TrimSpace(strings.Split(dirs, ",")[0])
+	if dir == "" {
+		return "", fmt.Errorf("the server listens on no Unix socket; run with -unix=false")
+	}
+	return dir, nil
+}
+
+// serverPort returns the port of dbURL's server.
+func serverPort(dbURL string) (string, error) {
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		return "", err
+	}
+	if p := u.Port(); p != "" {
+		return p, nil
+	}
+	return "5432", nil
 }
 
 // selectGroups keeps the groups whose names are listed.

@@ -1,0 +1,59 @@
+package pgbench
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// SelfCPU is a CPU meter of this process (user and system time of all its threads), for a
+// proxy served in-process.
+func SelfCPU() (time.Duration, error) {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0, err
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), nil
+}
+
+// clockTicks is the unit of the CPU times in /proc/PID/stat (USER_HZ), 100 on every Linux
+// architecture Go supports.
+const clockTicks = 100
+
+// ProcessCPU returns a CPU meter of another process, read from /proc/PID/stat.
+func ProcessCPU(pid int) func() (time.Duration, error) {
+	return func() (time.Duration, error) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return 0, err
+		}
+		return parseStatCPU(string(b))
+	}
+}
+
+// parseStatCPU reads utime and stime (fields 14 and 15) of a /proc/PID/stat line. The
+// command name (field 2) is in parentheses and may contain spaces, so fields are counted
+// from the last closing parenthesis.
+func parseStatCPU(stat string) (time.Duration, error) {
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("malformed stat line %q", stat)
+	}
+	f := strings.Fields(stat[i+1:])
+	// f[0] is field 3 (state), so utime (14) is f[11] and stime (15) is f[12].
+	if len(f) < 13 {
+		return 0, fmt.Errorf("short stat line %q", stat)
+	}
+	var ticks int64
+	for _, s := range f[11:13] {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("stat field %q: %w", s, err)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * time.Second / clockTicks, nil
+}

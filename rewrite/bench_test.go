@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	pg_query "github.com/pganalyze/pg_query_go/v6"
+	"github.com/pganalyze/pg_query_go/v6/parser"
 )
 
 const benchInsert = "INSERT INTO orders (item, qty) VALUES ('book', 2) RETURNING id"
@@ -18,16 +19,55 @@ func benchRewriter(b *testing.B) *Rewriter {
 	return rw
 }
 
-// BenchmarkPlanInsertUncached plans a filled INSERT without the cache: one
-// parse, one scan, the walk and the edits.
-func BenchmarkPlanInsertUncached(b *testing.B) {
+// The three costs of planning an INSERT with inlined values, as a client
+// of the simple query protocol sends it:
+//   - BenchmarkPlanInsertNewShape: the first text of its shape, parsed and
+//     planned in full (floor: BenchmarkParserFloor);
+//   - BenchmarkPlanInsertNewText: a new text of a known shape, the same
+//     INSERT with other values, served by the shape cache without parsing
+//     (floor: BenchmarkScannerFloor);
+//   - BenchmarkPlanInsertCached: a text seen before, from the text cache.
+//
+// The first two cycle through more distinct texts than the text cache
+// holds, so every call misses it and pays for its eviction as well.
+
+const benchTexts = 2 * DefaultCacheSize
+
+// BenchmarkPlanInsertNewShape plans texts whose shapes (here: the RETURNING
+// alias) differ, so neither cache level can serve them.
+func BenchmarkPlanInsertNewShape(b *testing.B) {
 	rw := benchRewriter(b)
+	qs := make([]string, benchTexts)
+	for i := range qs {
+		qs[i] = benchInsert + " AS id_" + strconv.Itoa(i)
+	}
 	b.ReportAllocs()
+	i := 0
 	for b.Loop() {
-		p, err := rw.build(benchInsert)
-		if err != nil || p == nil {
+		if p, err := rw.Plan(qs[i%len(qs)]); err != nil || p == nil {
 			b.Fatal(p, err)
 		}
+		i++
+	}
+}
+
+// BenchmarkPlanInsertNewText plans texts that differ only in their values.
+func BenchmarkPlanInsertNewText(b *testing.B) {
+	rw := benchRewriter(b)
+	qs := make([]string, benchTexts)
+	for i := range qs {
+		qs[i] = "INSERT INTO orders (item, qty) VALUES ('book " + strconv.Itoa(i) + "', " + strconv.Itoa(i) + ") RETURNING id"
+	}
+	if _, err := rw.Plan(benchInsert); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		if p, err := rw.Plan(qs[i%len(qs)]); err != nil || p == nil {
+			b.Fatal(p, err)
+		}
+		i++
 	}
 }
 
@@ -124,16 +164,26 @@ func BenchmarkPlanCacheChurn(b *testing.B) {
 	}
 }
 
-// BenchmarkParserFloor is the part of an uncached plan spent in pg_query:
-// the parse tree and the token stream. It is the floor for
-// BenchmarkPlanInsertUncached.
+// BenchmarkParserFloor is the part of planning a new shape spent in
+// pg_query: the token stream and the parse tree.
 func BenchmarkParserFloor(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
+		if _, err := parser.ScanToProtobuf(benchInsert); err != nil {
+			b.Fatal(err)
+		}
 		if _, err := pg_query.Parse(benchInsert); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := pg_query.Scan(benchInsert); err != nil {
+	}
+}
+
+// BenchmarkScannerFloor is the part of planning a new text of a known shape
+// spent in pg_query: the token stream.
+func BenchmarkScannerFloor(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := parser.ScanToProtobuf(benchInsert); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -51,6 +51,7 @@ func (p *planner) tagArg(n *pg_query.Node, callLoc int) (Slot, bool) {
 	const hint = "Pass the tag as a string literal, leaf_next('order'), or as a parameter, leaf_next($1)."
 	switch x := unwrap(n).(type) {
 	case *pg_query.A_Const:
+		p.read(x.Location)
 		switch {
 		case x.Isnull:
 			p.fail(p.errAt(CodeInvalidParameter, int(x.Location), hint, "the tag of leaf_next() must not be NULL"))
@@ -86,16 +87,18 @@ func isStringType(t *pg_query.TypeName) bool {
 	return false
 }
 
-// stringConst returns the value of a string literal, possibly cast.
-func stringConst(n *pg_query.Node) (string, bool) {
+// stringConst returns the value of a string literal, possibly cast, and
+// records that the plan depends on it.
+func (p *planner) stringConst(n *pg_query.Node) (string, bool) {
 	switch x := unwrap(n).(type) {
 	case *pg_query.A_Const:
 		if s := x.GetSval(); s != nil && !x.Isnull {
+			p.read(x.Location)
 			return s.Sval, true
 		}
 	case *pg_query.TypeCast:
 		if isStringType(x.TypeName) {
-			return stringConst(x.Arg)
+			return p.stringConst(x.Arg)
 		}
 	}
 	return "", false
@@ -120,7 +123,7 @@ func (p *planner) executeStmt(s *pg_query.ExecuteStmt, start, end int) {
 	}
 	ex := &Execute{Name: s.Name, Args: make([]Arg, len(s.Params))}
 	for i, a := range s.Params {
-		ex.Args[i].Value, ex.Args[i].String = stringConst(a)
+		ex.Args[i].Value, ex.Args[i].String = p.stringConst(a)
 		if pr := paramArg(a); pr != nil {
 			ex.Args[i].Param = int(pr.Number)
 		}
@@ -175,7 +178,7 @@ func (p *planner) executeStmt(s *pg_query.ExecuteStmt, start, end int) {
 // int8 parameters declared after the statement's own, so that each EXECUTE
 // supplies fresh IDs as extra arguments.
 func (p *planner) prepareStmt(s *pg_query.PrepareStmt, start, end int) {
-	sub := newPlanner(p.rw, p.sql, p.toks)
+	sub := newPlanner(p.rw, p.sql, p.toks, p.reads)
 	sub.statement(s.Query, start, end)
 	if strings.IndexByte(p.sql[start:end], '$') >= 0 {
 		sub.params(s.Query)

@@ -14,9 +14,10 @@ import (
 // planner plans one SQL string. A PREPARE body gets a child planner that
 // shares the text and tokens but numbers its own slots.
 type planner struct {
-	rw   *Rewriter
-	sql  string
-	toks *tokens // scanned on first use; shared with child planners
+	rw    *Rewriter
+	sql   string
+	toks  tokens
+	reads *[]int // locations of the constants whose values the plan depends on; shared with child planners
 
 	edits     []slotEdit
 	err       *Error
@@ -42,23 +43,41 @@ type slotEdit struct {
 	slot    Slot
 }
 
-func newPlanner(rw *Rewriter, sql string, toks *tokens) *planner {
-	return &planner{rw: rw, sql: sql, toks: toks, leafText: containsFold(sql, "leaf_"),
+func newPlanner(rw *Rewriter, sql string, toks tokens, reads *[]int) *planner {
+	return &planner{rw: rw, sql: sql, toks: toks, reads: reads, leafText: containsFold(sql, "leaf_"),
 		tagArgs: map[int32]bool{}, tagParams: map[int]bool{}, refParams: map[int]bool{}}
 }
 
-func plan(rw *Rewriter, sql string) (*Plan, error) {
+// planned is the outcome of planning one text, with what the shape cache
+// needs to know to reuse it for texts that differ only in constants.
+type planned struct {
+	plan  *Plan
+	err   error
+	tree  *pg_query.ParseResult // nil when the text does not parse
+	reads []int                 // locations of the constants whose values the outcome depends on
+}
+
+// plan parses sql and plans it; toks are its tokens without comments.
+func plan(rw *Rewriter, sql string, toks tokens) planned {
 	if strings.IndexByte(sql, 0) >= 0 {
 		// The protocol's strings end at NUL, and so would the C parser's
 		// view of the text: locations would not match what is sent.
-		return nil, nil
+		return planned{}
 	}
 	tree, err := pg_query.Parse(sql)
 	if err != nil {
 		// Not ours to report: PostgreSQL gives the user its own syntax error.
-		return nil, nil
+		return planned{}
 	}
-	p := newPlanner(rw, sql, new(tokens))
+	var reads []int
+	p := newPlanner(rw, sql, toks, &reads)
+	out, err := p.plan(tree)
+	return planned{plan: out, err: err, tree: tree, reads: reads}
+}
+
+// plan plans the statements of tree.
+func (p *planner) plan(tree *pg_query.ParseResult) (*Plan, error) {
+	sql := p.sql
 	for _, raw := range tree.Stmts {
 		start, end := int(raw.StmtLocation), len(sql)
 		if raw.StmtLen > 0 {
@@ -159,16 +178,11 @@ func (p *planner) internal(loc int, what string) {
 	p.fail(p.errAt(codeInternal, loc, "", "rewrite: cannot locate %s in the statement text", what))
 }
 
-func (p *planner) tokens() tokens {
-	if *p.toks == nil {
-		t, err := scanTokens(p.sql)
-		if err != nil {
-			t = tokens{}
-		}
-		*p.toks = t
-	}
-	return *p.toks
-}
+func (p *planner) tokens() tokens { return p.toks }
+
+// read records that the plan depends on the value of the constant at loc,
+// so that the shape cache keys plans on that constant's exact text.
+func (p *planner) read(loc int32) { *p.reads = append(*p.reads, int(loc)) }
 
 func (p *planner) add(e slotEdit) { p.edits = append(p.edits, e) }
 

@@ -1,7 +1,6 @@
 package rewrite
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 )
@@ -23,14 +22,21 @@ type FillRule struct {
 // Settings configure a Rewriter. The zero value is valid.
 type Settings struct {
 	Fill      []FillRule
-	CacheSize int // plans kept in the LRU; 0 means DefaultCacheSize
+	CacheSize int // plans kept in the LRU by exact text; 0 means DefaultCacheSize
+	// ShapeCacheSize bounds the second cache level, which serves texts that
+	// differ from a planned one only in constants (values inlined by the
+	// client) without parsing them. 0 means DefaultCacheSize; a negative
+	// value turns it off, so that every text missing the first level is
+	// parsed.
+	ShapeCacheSize int
 }
 
 // Rewriter plans SQL rewrites. It is safe for concurrent use.
 type Rewriter struct {
 	fill    []fillRule
 	needles []string // lower-case table names of the fill rules, for the prefilter
-	cache   *planCache
+	cache   *lru[cacheEntry]
+	shapes  *shapeCache // nil when turned off
 }
 
 type fillRule struct {
@@ -46,7 +52,13 @@ func New(s Settings) (*Rewriter, error) {
 	if s.CacheSize == 0 {
 		s.CacheSize = DefaultCacheSize
 	}
-	r := &Rewriter{cache: newPlanCache(s.CacheSize)}
+	r := &Rewriter{cache: newLRU[cacheEntry](s.CacheSize)}
+	switch {
+	case s.ShapeCacheSize == 0:
+		r.shapes = newShapeCache(DefaultCacheSize)
+	case s.ShapeCacheSize > 0:
+		r.shapes = newShapeCache(s.ShapeCacheSize)
+	}
 	seen := make(map[[3]string]bool)
 	for _, f := range s.Fill {
 		if f.Table == "" || f.Column == "" || f.Tag == "" {
@@ -98,12 +110,12 @@ func (r *Rewriter) Plan(sql string) (*Plan, error) {
 	}
 	p, err := r.build(sql)
 	if len(sql) <= maxCachedSQL {
-		r.cache.put(&cacheEntry{sql: sql, plan: p, err: err})
+		r.cache.put(sql, cacheEntry{plan: p, err: err})
 	}
 	return p, err
 }
 
-// maxCachedSQL bounds the memory of the cache: longer texts (bulk
+// maxCachedSQL bounds the memory of the caches: longer texts (bulk
 // multi-row INSERTs, generated SQL) rarely repeat, and 4096 of them could
 // otherwise pin gigabytes. They are planned on every use.
 const maxCachedSQL = 32 << 10
@@ -185,16 +197,45 @@ func equalFoldASCII(s, lower string) bool {
 	return true
 }
 
-// build plans sql without the cache. A panic in the planner is a bug; it is
-// turned into an internal error so that one odd statement cannot take the
-// proxy down.
+// build plans sql without the text cache: from the shape cache when a text
+// of the same shape was planned before, by parsing otherwise. A panic in
+// the planner is a bug; it is turned into an internal error so that one odd
+// statement cannot take the proxy down.
 func (r *Rewriter) build(sql string) (p *Plan, err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			p, err = nil, &Error{Code: codeInternal, Message: fmt.Sprintf("rewrite: internal error planning statement: %v", v)}
 		}
 	}()
-	return plan(r, sql)
+	toks, sh := r.scan(sql)
+	if sh != nil {
+		if t := r.shapes.lookup(sh); t != nil {
+			return t.instantiate(sh), nil
+		}
+	}
+	res := plan(r, sql, toks)
+	if sh != nil {
+		r.shapes.learn(sh, res)
+	}
+	return res.plan, res.err
+}
+
+// scan returns the tokens of sql without comments (none when the scanner
+// rejects the text, which then does not parse either) and, when the shape
+// cache may serve or learn it, its shape.
+func (r *Rewriter) scan(sql string) (tokens, *shape) {
+	if strings.IndexByte(sql, 0) >= 0 {
+		return tokens{}, nil // plan forwards it untouched
+	}
+	all, err := scan(sql)
+	if err != nil {
+		return tokens{}, nil
+	}
+	toks := withoutComments(all)
+	if r.shapes == nil || len(sql) > maxCachedSQL {
+		return toks, nil
+	}
+	return toks, shapeOf(sql, toks)
 }
 
 // quoteIdent writes an identifier so that PostgreSQL reads it back as name.
@@ -224,4 +265,3 @@ func isPlainIdent(name string) bool {
 	return !isKeyword(name)
 }
 
-var errNoTokens = errors.New("rewrite: scanner returned no tokens")

@@ -9,38 +9,11 @@ import (
 )
 
 // The parse tree gives start locations only; the end of a function call, a
-// VALUES row or a column list comes from PostgreSQL's own scanner
-// (pg_query.Scan), never from pattern matching on the text.
-
-// isKeyword reports whether PostgreSQL's scanner reads name as a keyword.
-func isKeyword(name string) bool {
-	res, err := pg_query.Scan(name)
-	if err != nil || len(res.Tokens) != 1 {
-		return true
-	}
-	return res.Tokens[0].KeywordKind != pg_query.KeywordKind_NO_KEYWORD
-}
+// VALUES row or a column list comes from PostgreSQL's own scanner (see
+// scan), never from pattern matching on the text.
 
 // tokens is the scanned text with comments dropped.
-type tokens []*pg_query.ScanToken
-
-func scanTokens(sql string) (tokens, error) {
-	res, err := pg_query.Scan(sql)
-	if err != nil {
-		return nil, err
-	}
-	toks := res.Tokens[:0]
-	for _, t := range res.Tokens {
-		if t.Token == pg_query.Token_SQL_COMMENT || t.Token == pg_query.Token_C_COMMENT {
-			continue
-		}
-		toks = append(toks, t)
-	}
-	if len(toks) == 0 {
-		return nil, errNoTokens
-	}
-	return toks, nil
-}
+type tokens []scanToken
 
 // at returns the index of the first token starting at or after pos.
 func (t tokens) at(pos int) int {

@@ -264,4 +264,3 @@ func isPlainIdent(name string) bool {
 	}
 	return !isKeyword(name)
 }
-

@@ -12,6 +12,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -45,6 +46,9 @@ type Endpoint struct {
 type Group struct {
 	Name      string
 	Endpoints []Endpoint
+	// Prepare, when set, runs before the group's first run (to change a server setting,
+	// say); the function it returns runs after the group's last run.
+	Prepare func(context.Context) (restore func() error, err error)
 }
 
 // Config says how long and how wide each run is.
@@ -103,29 +107,51 @@ func Run(ctx context.Context, cfg Config, groups []Group) ([]Result, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	rounds := max(cfg.Rounds, 1)
 	var results []Result
 	for _, g := range groups {
-		for _, mode := range modes {
-			for _, clients := range cfg.Clients {
-				runs := make([][]Result, len(g.Endpoints))
-				for range rounds {
-					for i, e := range g.Endpoints {
-						r, err := runOne(ctx, bin, dir, cfg.Duration, e, mode, clients)
-						if err != nil {
-							return results, fmt.Errorf("%s/%s/%s/%d clients: %w", g.Name, e.Name, mode, clients, err)
-						}
-						r.Group = g.Name
-						runs[i] = append(runs[i], r)
-						if cfg.Log != nil {
-							cfg.Log("%-12s %-9s %2d clients %-10s %10.0f tps (%d failed)%s",
-								g.Name, mode, clients, e.Name, r.TPS, r.Failed, cpuNote(r))
-						}
+		rs, err := runGroup(ctx, cfg, bin, dir, g, modes)
+		results = append(results, rs...)
+		if err != nil {
+			return results, err
+		}
+	}
+	return results, nil
+}
+
+// runGroup runs one group for every mode and client count, between its Prepare and the
+// restore function Prepare returned.
+func runGroup(ctx context.Context, cfg Config, bin, dir string, g Group, modes []string) (results []Result, err error) {
+	if g.Prepare != nil {
+		restore, err := g.Prepare(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("%s: prepare: %w", g.Name, err)
+		}
+		defer func() {
+			if rerr := restore(); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("%s: restore: %w", g.Name, rerr))
+			}
+		}()
+	}
+	rounds := max(cfg.Rounds, 1)
+	for _, mode := range modes {
+		for _, clients := range cfg.Clients {
+			runs := make([][]Result, len(g.Endpoints))
+			for range rounds {
+				for i, e := range g.Endpoints {
+					r, err := runOne(ctx, bin, dir, cfg.Duration, e, mode, clients)
+					if err != nil {
+						return results, fmt.Errorf("%s/%s/%s/%d clients: %w", g.Name, e.Name, mode, clients, err)
+					}
+					r.Group = g.Name
+					runs[i] = append(runs[i], r)
+					if cfg.Log != nil {
+						cfg.Log("%-12s %-9s %2d clients %-10s %10.0f tps (%d failed)%s",
+							g.Name, mode, clients, e.Name, r.TPS, r.Failed, cpuNote(r))
 					}
 				}
-				for _, rs := range runs {
-					results = append(results, median(rs))
-				}
+			}
+			for _, rs := range runs {
+				results = append(results, median(rs))
 			}
 		}
 	}

@@ -1,6 +1,9 @@
 package pgbench
 
 import (
+	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -81,5 +84,56 @@ func TestSelfCPUGrows(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("self CPU did not grow past %v while spinning", before)
 		}
+	}
+}
+
+// fakePgbench writes a stand-in for the pgbench binary that prints a run's summary, or
+// fails when its last argument (the URL) is "fail".
+func fakePgbench(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "pgbench")
+	script := `#!/bin/sh
+for last; do :; done
+if [ "$last" = fail ]; then echo "connection refused" >&2; exit 1; fi
+echo "number of transactions actually processed: 1000"
+echo "tps = 200.0 (without initial connection time)"
+`
+	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return bin
+}
+
+func TestRunPrepareAndRestore(t *testing.T) {
+	var calls []string
+	prepare := func(context.Context) (func() error, error) {
+		calls = append(calls, "prepare")
+		return func() error { calls = append(calls, "restore"); return nil }, nil
+	}
+	meter := func() (time.Duration, error) {
+		calls = append(calls, "meter")
+		return time.Duration(len(calls)) * time.Millisecond, nil
+	}
+	cfg := Config{Pgbench: fakePgbench(t), Duration: time.Second, Clients: []int{1}, Modes: []string{"simple"}}
+	groups := []Group{{Name: "g", Prepare: prepare, Endpoints: []Endpoint{{Name: "a", URL: "ok"}, {Name: "b", URL: "ok", CPU: meter}}}}
+	results, err := Run(context.Background(), cfg, groups)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(calls, ","); got != "prepare,meter,meter,restore" {
+		t.Fatalf("calls %s", got)
+	}
+	if len(results) != 2 || results[1].Transactions != 1000 || results[1].HopCPU != time.Millisecond {
+		t.Fatalf("results %+v", results)
+	}
+
+	// A failing run still restores.
+	calls = nil
+	groups[0].Endpoints[1].URL = "fail"
+	if _, err := Run(context.Background(), cfg, groups); err == nil {
+		t.Fatal("no error for a failing run")
+	}
+	if calls[0] != "prepare" || calls[len(calls)-1] != "restore" {
+		t.Fatalf("calls %v", calls)
 	}
 }

@@ -94,11 +94,97 @@ func leafGroups(dbURL, leafURL string) []pgbench.Group {
 			{Name: "direct nextval", URL: dbURL, Script: "SELECT nextval('bench_seq');\n"},
 			{Name: "proxy leaf_next", URL: leafURL, Script: "SELECT leaf_next('" + benchTag + "');\n", CPU: pgbench.SelfCPU},
 		}},
-		{Name: "insert", Endpoints: []pgbench.Endpoint{
-			{Name: "direct bigserial", URL: dbURL, Script: "INSERT INTO bench_serial (item) VALUES ('book');\n"},
-			{Name: "proxy filled", URL: leafURL, Script: "INSERT INTO " + benchFilled + " (item) VALUES ('book');\n", CPU: pgbench.SelfCPU},
-		}},
+		insertGroup("insert", dbURL, leafURL),
 	}
+}
+
+// insertGroup is a filled INSERT through the proxy against a bigserial default on the
+// server.
+func insertGroup(name, dbURL, leafURL string) pgbench.Group {
+	return pgbench.Group{Name: name, Endpoints: []pgbench.Endpoint{
+		{Name: "direct bigserial", URL: dbURL, Script: "INSERT INTO bench_serial (item) VALUES ('book');\n"},
+		{Name: "proxy filled", URL: leafURL, Script: "INSERT INTO " + benchFilled + " (item) VALUES ('book');\n", CPU: pgbench.SelfCPU},
+	}}
+}
+
+// durableInsertGroup is insertGroup on a server with PostgreSQL's default durability
+// (fsync, synchronous_commit and full_page_writes on), as in production; the test
+// servers run with all three off. The settings are changed with ALTER SYSTEM for the
+// group's runs and reset after them.
+func durableInsertGroup(serverURL, dbURL, leafURL string) pgbench.Group {
+	g := insertGroup("insert-durable", dbURL, leafURL)
+	g.Prepare = func(ctx context.Context) (func() error, error) {
+		if err := setDurability(ctx, serverURL, "ALTER SYSTEM SET %s = on", "on"); err != nil {
+			return nil, err
+		}
+		return func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			return setDurability(ctx, serverURL, "ALTER SYSTEM RESET %s", "")
+		}, nil
+	}
+	return g
+}
+
+// durabilitySettings are the settings durableInsertGroup turns on.
+var durabilitySettings = []string{"fsync", "synchronous_commit", "full_page_writes"}
+
+// setDurability applies stmt (a format with the setting's name) to each durability
+// setting, reloads the configuration and waits until a new session sees want ("" means
+// any value: the reset case, whose value is the configuration file's).
+func setDurability(ctx context.Context, serverURL, stmt, want string) error {
+	conn, err := pgx.Connect(ctx, serverURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	for _, name := range durabilitySettings {
+		if _, err := conn.Exec(ctx, fmt.Sprintf(stmt, name)); err != nil {
+			return err
+		}
+	}
+	if _, err := conn.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
+		return err
+	}
+	if want == "" {
+		return nil
+	}
+	// The postmaster rereads the configuration asynchronously; a new session started
+	// after it has done so sees the new values.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ok, err := settingsAre(ctx, serverURL, want)
+		if err != nil || ok {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the server did not take %v = %s within 10 s", durabilitySettings, want)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// settingsAre reports whether a new session sees every durability setting at want.
+func settingsAre(ctx context.Context, serverURL, want string) (bool, error) {
+	conn, err := pgx.Connect(ctx, serverURL)
+	if err != nil {
+		return false, err
+	}
+	defer conn.Close(ctx)
+	for _, name := range durabilitySettings {
+		var v string
+		if err := conn.QueryRow(ctx, "SELECT current_setting($1)", name).Scan(&v); err != nil {
+			return false, err
+		}
+		if v != want {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // serveProxy serves a proxy on a loopback port in front of the server of dbURL.

@@ -11,7 +11,10 @@
 //   - next-id: SELECT leaf_next('bench') through a rewriting proxy whose IDs come from the
 //     segment engine, against SELECT nextval('bench_seq') on the server;
 //
-//   - insert: an INSERT whose key the proxy fills, against one with a bigserial default.
+//   - insert: an INSERT whose key the proxy fills, against one with a bigserial default;
+//
+//   - insert-durable: the same on a server with PostgreSQL's default durability
+//     (fsync, synchronous_commit and full_page_writes on) instead of the test server's.
 //
 // For the proxy and PgBouncer, a column gives the CPU time the hop itself spent per
 // transaction, a cost that does not depend on how many cores the machine has left it.
@@ -58,8 +61,9 @@ func run() error {
 	rounds := flag.Int("rounds", 3, "runs per row, endpoints interleaved; the median is reported")
 	leaf := flag.Bool("leaf", true, "add the ID rows: leaf_next vs nextval, filled INSERT vs bigserial")
 	noBouncer := flag.Bool("no-pgbouncer", false, "leave PgBouncer out")
-	only := flag.String("groups", "", "comma-separated groups to run (select-only, select-only-unix, next-id, insert); empty runs all")
+	only := flag.String("groups", "", "comma-separated groups to run (select-only, select-only-unix, next-id, insert, insert-durable); empty runs all")
 	unixSocket := flag.Bool("unix", true, "add a select-only group in which the proxy and PgBouncer reach the server over its Unix socket")
+	durable := flag.Bool("durable", true, "add an insert group on a server with fsync, synchronous_commit and full_page_writes on (changed with ALTER SYSTEM for the group, then reset)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (the proxy's relay) to this file")
 	flag.Parse()
 	if *cpuProfile != "" {
@@ -128,6 +132,9 @@ func run() error {
 	}
 	if *leaf {
 		groups = append(groups, leafGroups(dbURL, leafURL)...)
+		if *durable {
+			groups = append(groups, durableInsertGroup(*serverURL, dbURL, leafURL))
+		}
 	}
 	if *only != "" {
 		groups = selectGroups(groups, strings.Split(*only, ","))

@@ -3,6 +3,7 @@ package rewrite
 import (
 	"fmt"
 	"strings"
+	"unicode/utf8"
 )
 
 // DefaultCacheSize is the number of plans kept when Settings.CacheSize is 0.
@@ -232,7 +233,9 @@ func (r *Rewriter) scan(sql string) (tokens, *shape) {
 		return tokens{}, nil
 	}
 	toks := withoutComments(all)
-	if r.shapes == nil || len(sql) > maxCachedSQL {
+	if r.shapes == nil || len(sql) > maxCachedSQL || !utf8.ValidString(sql) {
+		// pg_query refuses a tree holding invalid UTF-8, so whether a text
+		// parses would depend on the bytes inside its constants.
 		return toks, nil
 	}
 	return toks, shapeOf(sql, toks)

@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	pg_query "github.com/pganalyze/pg_query_go/v6"
-	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // The shape cache is the second cache level, behind the exact-text LRU.
@@ -166,14 +166,14 @@ func (sh *shape) base(c int) int {
 //     validated, option values become names in the tree.
 func (sh *shape) deps(res planned) ([]int, bool) {
 	exprs := make(map[int32]bool, len(sh.consts))
-	note := func(m proto.Message) bool {
-		if c, ok := m.(*pg_query.A_Const); ok {
-			exprs[c.Location] = true
-		}
-		return true
-	}
 	for _, raw := range res.tree.Stmts {
-		visitChild(raw.Stmt, note)
+		eachMessage(raw.ProtoReflect(), func(m protoreflect.Message) bool {
+			c, ok := m.Interface().(*pg_query.A_Const)
+			if ok {
+				exprs[c.Location] = true
+			}
+			return !ok
+		})
 	}
 	reads := make(map[int32]bool, len(res.reads))
 	for _, loc := range res.reads {

@@ -143,8 +143,9 @@ func BenchmarkAppendParams(b *testing.B) {
 	}
 }
 
-// BenchmarkPlanCacheChurn plans distinct texts through a small cache, so
-// every call misses and evicts.
+// BenchmarkPlanCacheChurn plans distinct texts through a small text cache,
+// so every call misses and evicts there; the texts share one shape, so the
+// shape cache serves them.
 func BenchmarkPlanCacheChurn(b *testing.B) {
 	rw, err := New(Settings{Fill: goldenSettings.Fill, CacheSize: 64})
 	if err != nil {

@@ -15,6 +15,14 @@
 //     can never be repeated across rows.
 //   - Text that cannot need a rewrite is never parsed (a case-insensitive
 //     substring prefilter), and plans are cached by SQL text in a bounded LRU.
+//   - Behind it, a second bounded LRU caches plans by shape: the token stream
+//     of PostgreSQL's scanner with constants masked. A text that differs from
+//     a planned one only in inlined values (an ORM's INSERT) is scanned, not
+//     parsed, and gets the plan a full parse would give, edits moved to its
+//     own positions. A constant whose value the outcome depends on (a
+//     leaf_next tag, an EXECUTE argument, a constant the grammar interprets)
+//     is keyed by its exact text. Only texts that parse, and only plans and
+//     "nothing to rewrite" are learnt; refusals are parsed every time.
 //   - Text that pg_query cannot parse is left alone: Plan returns (nil, nil) and
 //     PostgreSQL reports its own syntax error.
 //
@@ -51,5 +59,6 @@
 //     otherwise, because it cannot inject IDs into one EXECUTE among several.
 //   - leaf_next($n) in a simple Query has no parameter to read the tag from;
 //     the proxy reports that, the plan only says SlotTagParam.
-//   - Texts longer than 32 KiB are planned on every use rather than cached.
+//   - Texts longer than 32 KiB are planned on every use rather than cached,
+//     and so are texts that are not valid UTF-8.
 package rewrite

@@ -71,9 +71,28 @@ func constVariants(sql string, n int, rng *rand.Rand) []string {
 			return nil
 		}
 		b.WriteString(sql[pos:])
-		out = append(out, b.String())
+		if v := b.String(); sameTokensBesideConstants(all, v) {
+			out = append(out, v)
+		}
 	}
 	return out
+}
+
+// sameTokensBesideConstants reports whether v scans to tokens like orig
+// but for the constants' values: a replacement must not fuse with its
+// neighbours ($1 followed by 2 is the one token $12).
+func sameTokensBesideConstants(orig []scanToken, v string) bool {
+	toks, err := scan(v)
+	if err != nil || len(toks) != len(orig) {
+		return false
+	}
+	for i, t := range toks {
+		if (constKind(t.Token) != 0) != (constKind(orig[i].Token) != 0) ||
+			(constKind(t.Token) == 0 && t.Token != orig[i].Token) {
+			return false
+		}
+	}
+	return true
 }
 
 // checkShapePath plans sql through the shape cache of rw and compares the

@@ -19,22 +19,25 @@
 // leaf_snowflake() is answered by the proxy itself when nothing is outstanding: as a
 // Query, and in the extended protocol as a whole cycle up to Sync outside a transaction
 // block (see local.go; a cycle that turns out to need the server is replayed upstream,
-// and an unnamed statement parsed by the proxy is created at the server first). The
-// proxy's own answers (that fast path, and refusals of statements the rewriter cannot
-// rewrite safely or whose IDs cannot be had) are queued behind the responses still due,
-// so that their order is exact under pipelining; after a refusal in the extended protocol
-// the proxy, like the server, ignores messages until Sync.
+// and an unnamed statement parsed by the proxy is created at the server first).
 //
-// Known limits: a refusal inside a transaction block does not abort the transaction at
-// the server, so the following ReadyForQuery reports the status the server has ('T', not
-// 'E'). When the server does not create an unnamed statement the proxy parsed itself (an
-// error earlier in the cycle), a cycle the client pipelined behind that one, sent before
-// the failure was known, may get 26000 (no such statement) for it. GSSAPI authentication
-// and GSSAPI encryption are not relayed. SCRAM channel
-// binding (SCRAM-SHA-256-PLUS) binds the authentication to the certificate of the server
-// the client talks TLS with, which is the proxy: it only succeeds when the proxy presents
-// the database's own certificate and key; otherwise TLS clients must connect with
-// channel_binding=disable.
+// A statement the proxy refuses (the rewriter cannot rewrite it safely, or its IDs cannot
+// be had) never reaches the database: a stand-in that fails before doing anything goes
+// upstream in its place (see refusal.go), so that the server's transaction fails where
+// PostgreSQL's would have (a transaction block is aborted, a savepoint can recover it),
+// and the client gets the proxy's error where the server's for the stand-in would have
+// been, with the server's ReadyForQuery, in exact order under pipelining. After a refusal
+// in the extended protocol the proxy, like the server, ignores messages until Sync.
+//
+// Known limits: when the server does not create an unnamed statement the proxy parsed
+// itself (an error earlier in the cycle), a cycle the client pipelined behind that one,
+// sent before the failure was known, may get 26000 (no such statement) for it. A Query
+// string of several statements that is refused for touching a prepared statement with
+// hidden parameters fails before any of its statements runs. GSSAPI authentication and
+// GSSAPI encryption are not relayed. SCRAM channel binding (SCRAM-SHA-256-PLUS) binds the
+// authentication to the certificate of the server the client talks TLS with, which is
+// the proxy: it only succeeds when the proxy presents the database's own certificate and
+// key; otherwise TLS clients must connect with channel_binding=disable.
 //
 // A Server is configured through exported fields, like net/http.Server, and stopped with
 // Shutdown (graceful) or Close.

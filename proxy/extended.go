@@ -35,7 +35,7 @@ func (c *conn) handleParse(body []byte, mat *localStatement) error {
 	oids := rest[2:]
 	plan, err := c.srv.Rewriter.Plan(query)
 	if err != nil {
-		return c.refuseExtended(err)
+		return c.refuseExtended(err, name == "")
 	}
 	if plan == nil {
 		return c.forwardParse(body, name)
@@ -57,7 +57,7 @@ func (c *conn) handleParse(body []byte, mat *localStatement) error {
 			if sl.Kind == rewrite.SlotTagParam {
 				tag, err := plan.Execute.Tag(sl.Param)
 				if err != nil {
-					return c.refuseExtended(err)
+					return c.refuseExtended(err, name == "")
 				}
 				sl = rewrite.Slot{Kind: rewrite.SlotTag, Tag: tag}
 			}
@@ -82,7 +82,7 @@ func (c *conn) handleParse(body []byte, mat *localStatement) error {
 		return c.forwardParse(out, name)
 	}
 	if params+len(slots) > 65535 {
-		return c.refuseExtended(&rewrite.Error{Code: codeProgramLimitExceeded, Message: "too many parameters with the hidden leaf ID parameters"})
+		return c.refuseExtended(&rewrite.Error{Code: codeProgramLimitExceeded, Message: "too many parameters with the hidden leaf ID parameters"}, name == "")
 	}
 	out := append(s.outBuf[:0], name...)
 	out = append(out, 0)
@@ -247,7 +247,7 @@ func (c *conn) handleBind(body []byte) error {
 	for _, slot := range st.slots {
 		id, err := c.slotID(slot, func(p int) (string, error) { return bindTag(m.params, p) })
 		if err != nil {
-			return c.refuseExtended(err)
+			return c.refuseExtended(err, false)
 		}
 		ids = append(ids, id)
 	}

@@ -43,13 +43,8 @@ func (c *conn) nextID(slot rewrite.Slot, tag string) (int64, error) {
 // errorResponse encodes err as an ErrorResponse of severity ERROR. Rewrite refusals keep
 // their SQLSTATE, hint and position; other errors give their SQLState() when they have
 // one, else 58000.
-func (c *conn) errorResponse(err error) []byte {
+func errorResponse(err error) refusal {
 	msg := &pgproto3.ErrorResponse{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: codeSystemError, Message: err.Error()}
-	defer func() {
-		if c.srv.OnError != nil {
-			c.srv.OnError(msg.Code)
-		}
-	}()
 	var re *rewrite.Error
 	var coded interface{ SQLState() string }
 	switch {
@@ -59,7 +54,14 @@ func (c *conn) errorResponse(err error) []byte {
 		msg.Code = coded.SQLState()
 	}
 	b, _ := msg.Encode(nil)
-	return b
+	return refusal{msg: b, code: msg.Code}
+}
+
+// countError reports an error the proxy answered a client with itself to the OnError hook.
+func (c *conn) countError(r refusal) {
+	if c.srv.OnError != nil {
+		c.srv.OnError(r.code)
+	}
 }
 
 // idError wraps an ID source failure so that the client learns where it came from.

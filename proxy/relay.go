@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -221,22 +220,9 @@ func (c *conn) upstreamReadFailed(err error) error {
 // isFatal reports whether an ErrorResponse body has severity FATAL or PANIC. The
 // unlocalized severity (V) decides when present; S may be translated.
 func isFatal(body []byte) bool {
-	var severity []byte
-	for len(body) > 0 && body[0] != 0 {
-		field := body[0]
-		end := bytes.IndexByte(body, 0)
-		if end < 0 {
-			break
-		}
-		switch field {
-		case 'V':
-			severity = body[1:end]
-		case 'S':
-			if severity == nil {
-				severity = body[1:end]
-			}
-		}
-		body = body[end+1:]
+	severity := errorField(body, 'V')
+	if severity == nil {
+		severity = errorField(body, 'S')
 	}
 	s := string(severity)
 	return s == "FATAL" || s == "PANIC"

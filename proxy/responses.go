@@ -13,7 +13,6 @@ import (
 // fromUpstreamRewriting handles one upstream message whose header has been read; the
 // caller holds cwMu.
 func (c *conn) fromUpstreamRewriting(typ byte, n int) (fatal bool, err error) {
-	s := &c.sess
 	switch typ {
 	case 'Z':
 		body, err := c.ur.readBody(n)
@@ -30,11 +29,11 @@ func (c *conn) fromUpstreamRewriting(typ byte, n int) (fatal bool, err error) {
 		if err != nil {
 			return false, err
 		}
-		s.mu.Lock()
-		if cy := s.headLocked(); cy != nil {
-			cy.failed = true
+		if mine := c.upstreamError(body); mine != nil {
+			c.countError(*mine)
+			_, err := c.cw.Write(mine.msg)
+			return false, err
 		}
-		s.mu.Unlock()
 		return isFatal(body), c.writeClient(typ, body)
 	case 't':
 		body, err := c.ur.readBody(n)
@@ -42,63 +41,39 @@ func (c *conn) fromUpstreamRewriting(typ byte, n int) (fatal bool, err error) {
 			return false, err
 		}
 		return false, c.writeClient(typ, c.stripHidden(body))
-	}
-	if typ == '1' {
-		if swallow, inject := c.swallowNext(); swallow {
-			// The ParseComplete of a materialized local statement: the client had its own.
-			if _, err := c.ur.br.Discard(n); err != nil {
-				return false, unexpected(err)
-			}
-			_, err := c.cw.Write(inject)
-			return false, err
+	case '1', '2', '3', 'n', 'T', 'C', 'I', 's':
+		// The one response that ends a Parse, Bind, Close, Describe or Execute.
+		if !c.terminalResponse(typ) {
+			_, err := c.ur.br.Discard(n)
+			return false, unexpected(err)
 		}
 	}
 	if err := writeHeader(c.cw, typ, n); err != nil {
 		return false, err
 	}
-	if err := c.ur.copyBody(c.cw, n); err != nil {
-		return false, err
-	}
-	switch typ {
-	case '1', '2', '3', 'n', 'T', 'C', 'I', 's':
-		// The one response that ends a Parse, Bind, Close, Describe or Execute.
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		cy := s.headLocked()
-		if cy == nil {
-			return false, nil
-		}
-		cy.answered++
-		if typ == '1' || typ == '3' {
-			cy.confirmLocked(typ)
-		}
-		if cy.inject != nil && !cy.failed && cy.answered == cy.injectAt {
-			_, err := c.cw.Write(cy.inject)
-			cy.inject = nil
-			return false, err
-		}
-	}
-	return false, nil
+	return false, c.ur.copyBody(c.cw, n)
 }
 
-// swallowNext reports whether the next terminal response of the oldest cycle answers a
-// materializing Parse, counting it as answered if so; inject is a refusal of the proxy's
-// own that is due right after it.
-func (c *conn) swallowNext() (swallow bool, inject []byte) {
+// terminalResponse counts a response that ends one message of the oldest cycle and
+// reports whether it goes to the client: the ParseComplete of a materialized local
+// statement does not, since the client already had the proxy's.
+func (c *conn) terminalResponse(typ byte) bool {
 	s := &c.sess
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cy := s.headLocked()
-	if cy == nil || len(cy.swallow) == 0 || cy.swallow[0] != cy.answered+1 {
-		return false, nil
+	if cy == nil {
+		return true
 	}
-	cy.swallow = cy.swallow[1:]
 	cy.answered++
-	cy.confirmLocked('1')
-	if cy.inject != nil && !cy.failed && cy.answered == cy.injectAt {
-		inject, cy.inject = cy.inject, nil
+	if typ == '1' || typ == '3' {
+		cy.confirmLocked(typ)
 	}
-	return true, inject
+	if typ == '1' && len(cy.swallow) > 0 && cy.swallow[0] == cy.answered {
+		cy.swallow = cy.swallow[1:]
+		return false
+	}
+	return true
 }
 
 // stripHidden removes the hidden parameters of the described statement from a
@@ -125,9 +100,8 @@ func (c *conn) stripHidden(body []byte) []byte {
 	return body[:2+4*(count-hidden)]
 }
 
-// readyForQuery ends the oldest cycle: a refusal still due is sent, the statement map
-// settles, ReadyForQuery goes out, and then any answers of the proxy's own that were
-// queued behind this cycle follow, each with its ReadyForQuery.
+// readyForQuery ends the oldest cycle: the statement map settles and ReadyForQuery goes
+// out.
 func (c *conn) readyForQuery(body []byte) error {
 	s := &c.sess
 	s.mu.Lock()
@@ -138,32 +112,8 @@ func (c *conn) readyForQuery(body []byte) error {
 		if s.cur == cy {
 			s.cur = nil // a server-initiated end of an open cycle (should not happen)
 		}
-		inject := cy.inject
-		if cy.failed {
-			inject = nil
-		}
 		s.settleLocked(cy)
 		s.recycleLocked(cy)
-		if inject != nil {
-			if _, err := c.cw.Write(inject); err != nil {
-				return err
-			}
-		}
 	}
-	if err := c.writeClient('Z', body); err != nil {
-		return err
-	}
-	for len(s.queue) > 0 && s.queue[0].local != nil {
-		cy := s.popLocked()
-		local := cy.local
-		s.recycleLocked(cy)
-		c.pending.Add(-1)
-		if _, err := c.cw.Write(local); err != nil {
-			return err
-		}
-		if err := c.writeClient('Z', body); err != nil {
-			return err
-		}
-	}
-	return nil
+	return c.writeClient('Z', body)
 }

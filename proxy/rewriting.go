@@ -102,7 +102,7 @@ func (c *conn) onQuery(n int) error {
 	}
 	plan, err := c.srv.Rewriter.Plan(sql)
 	if err != nil {
-		return c.refuseQuery(err)
+		return c.refuseQuery(err, sql, planRefused)
 	}
 	if plan == nil {
 		return c.forwardQuery(body)
@@ -112,21 +112,11 @@ func (c *conn) onQuery(n int) error {
 			return err
 		}
 	}
-	s.mu.Lock()
-	conflict := plan.SessionConflict(s.hasSlotsLocked)
-	var prepared *statement
-	if plan.Execute != nil {
-		prepared = s.statementLocked(plan.Execute.Name)
-	}
-	s.mu.Unlock()
-	if conflict != nil {
-		return c.refuseQuery(conflict)
-	}
-	ids, err := c.planIDs(plan, prepared, noParams)
+	out, drawn, err := c.literal(plan, s.outBuf[:0])
 	if err != nil {
-		return c.refuseQuery(err)
+		return c.refuseQuery(err, sql, drawn)
 	}
-	out := append(plan.AppendLiteral(s.outBuf[:0], ids), 0)
+	out = append(out, 0)
 	s.outBuf = keepSmall(out)
 	s.mu.Lock()
 	cy := s.openLocked()
@@ -136,6 +126,29 @@ func (c *conn) onQuery(n int) error {
 	c.pending.Add(1)
 	c.rewritten("query")
 	return c.send('Q', out)
+}
+
+// literal appends the text of plan with fresh literal IDs to dst. When the IDs cannot be
+// had, drawn is the number of the plan's slots that got one before the failure; a string
+// that touches a statement with hidden parameters is refused with drawn set to
+// sessionConflict.
+func (c *conn) literal(plan *rewrite.Plan, dst []byte) (out []byte, drawn int, err error) {
+	s := &c.sess
+	s.mu.Lock()
+	conflict := plan.SessionConflict(s.hasSlotsLocked)
+	var prepared *statement
+	if plan.Execute != nil {
+		prepared = s.statementLocked(plan.Execute.Name)
+	}
+	s.mu.Unlock()
+	if conflict != nil {
+		return nil, sessionConflict, conflict
+	}
+	ids, err := c.planIDs(plan, prepared, noParams)
+	if err != nil {
+		return nil, len(ids), err
+	}
+	return plan.AppendLiteral(dst, ids), 0, nil
 }
 
 // forwardQuery sends a Query unchanged.
@@ -156,13 +169,14 @@ func noParams(param int) (string, error) {
 
 // planIDs draws one ID per slot of plan and, for an EXECUTE of a statement with hidden
 // parameters, one per slot of that statement. tagOf returns the tag of a leaf_next($n).
+// On failure the IDs drawn before the failing slot are returned with the error.
 func (c *conn) planIDs(plan *rewrite.Plan, prepared *statement, tagOf func(int) (string, error)) ([]int64, error) {
 	s := &c.sess
 	ids := s.idsBuf[:0]
 	for _, slot := range plan.Slots {
 		id, err := c.slotID(slot, tagOf)
 		if err != nil {
-			return nil, err
+			return ids, err
 		}
 		ids = append(ids, id)
 	}
@@ -170,7 +184,7 @@ func (c *conn) planIDs(plan *rewrite.Plan, prepared *statement, tagOf func(int) 
 		for _, slot := range prepared.slots {
 			id, err := c.slotID(slot, plan.Execute.Tag)
 			if err != nil {
-				return nil, err
+				return ids, err
 			}
 			ids = append(ids, id)
 		}
@@ -218,12 +232,23 @@ func (c *conn) fastPath(fp *rewrite.FastPath) (bool, error) {
 	s.mu.Lock()
 	idle := len(s.queue) == 0 && s.cur == nil
 	s.mu.Unlock()
-	if tx := c.txStatus.Load(); !idle || c.pending.Load() != 0 || tx == 'E' {
+	tx := c.txStatus.Load()
+	if !idle || c.pending.Load() != 0 || tx == 'E' {
 		return false, nil
 	}
 	id, err := c.nextID(fp.Slot, "")
 	if err != nil {
-		return true, c.refuseQuery(&idError{err})
+		if tx != 'I' {
+			// Inside a transaction block the error must fail the server's transaction.
+			return true, c.refuseQuery(&idError{err}, "", planRefused)
+		}
+		// Outside a block a failed Query changes nothing at the server, and with nothing
+		// outstanding the status is current: the proxy's answer is exactly the server's.
+		r := errorResponse(&idError{err})
+		c.countError(r)
+		c.cwMu.Lock()
+		defer c.cwMu.Unlock()
+		return true, c.writeLocalLocked(r.msg)
 	}
 	var digits [20]byte
 	value := strconv.AppendInt(digits[:0], id, 10)
@@ -257,66 +282,6 @@ func (c *conn) writeLocalLocked(msgs []byte) error {
 		return err
 	}
 	return c.cw.Flush()
-}
-
-// refuseQuery answers a Query with an error of the proxy's own, forwarding nothing: at
-// once when nothing is outstanding, else queued behind the outstanding cycles.
-func (c *conn) refuseQuery(err error) error {
-	msg := c.errorResponse(err)
-	s := &c.sess
-	c.cwMu.Lock()
-	s.mu.Lock()
-	if cy := s.cur; cy != nil {
-		// An extended-protocol cycle is open: the client expects one ReadyForQuery for
-		// it and this Query together. Close it at the server with a Sync and put the
-		// error before that Sync's ReadyForQuery. The Sync is sent without the locks:
-		// the upstream may be waiting for the other goroutine to read.
-		s.cur = nil
-		if !cy.failed {
-			cy.inject, cy.injectAt = msg, cy.sent
-		}
-		s.mu.Unlock()
-		c.cwMu.Unlock()
-		c.pending.Add(1)
-		return c.send('S', nil)
-	}
-	defer c.cwMu.Unlock()
-	if len(s.queue) == 0 {
-		s.mu.Unlock()
-		return c.writeLocalLocked(msg)
-	}
-	cy := s.newCycleLocked()
-	cy.local = msg
-	s.queue = append(s.queue, cy)
-	s.mu.Unlock()
-	c.pending.Add(1)
-	return nil
-}
-
-// refuseExtended answers an extended-protocol message with an error of the proxy's own
-// and, like the server after an error, ignores the client's messages until Sync. The
-// error reaches the client after the responses to the messages before it.
-func (c *conn) refuseExtended(err error) error {
-	msg := c.errorResponse(err)
-	s := &c.sess
-	c.cwMu.Lock()
-	defer c.cwMu.Unlock()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.skip = true
-	cy := s.openLocked()
-	if cy.failed {
-		return nil // the server already failed this cycle and skips to Sync itself
-	}
-	if s.headLocked() == cy && cy.answered == cy.sent {
-		_, werr := c.cw.Write(msg)
-		if werr == nil {
-			werr = c.cw.Flush()
-		}
-		return werr
-	}
-	cy.inject, cy.injectAt = msg, cy.sent
-	return nil
 }
 
 // keepSmall returns b for reuse unless it grew past what a session keeps.

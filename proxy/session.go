@@ -21,11 +21,13 @@ type statement struct {
 // undoEntry restores the statement map if the operation that changed it did not happen
 // at the server: PostgreSQL skips everything after an error until Sync.
 type undoEntry struct {
-	name    string
-	prev    *statement // the entry before the change; nil when there was none
-	all     map[string]*statement
-	noop    bool // only marks a completion to expect (Close of a portal or of an unknown name)
-	confirm byte // '1' (ParseComplete) or '3' (CloseComplete) confirms it; 0: the cycle's success does
+	name string
+	prev *statement // the entry before the change; nil when there was none
+	all  map[string]*statement
+	noop bool // only marks a completion to expect (Close of a portal or of an unknown name)
+	// confirm is the response that confirms it: '1' (ParseComplete), '3' (CloseComplete)
+	// or 'E' (the ErrorResponse of a refusal's stand-in); 0: the cycle's success does.
+	confirm byte
 
 	// local is the proxy-local unnamed statement a Parse materialized: when the Parse
 	// did not happen, the statement is local again, unless the unnamed statement has
@@ -34,19 +36,19 @@ type undoEntry struct {
 	localGen uint64
 }
 
-// cycle is one request cycle: a Query, or the extended-protocol messages up to a Sync. An
-// upstream cycle ends with the upstream's ReadyForQuery; a local cycle is the proxy's own
-// answer (a refusal or the fast path), queued behind earlier upstream cycles so that
-// responses keep their order under pipelining.
+// cycle is one request cycle: a Query, or the extended-protocol messages up to a Sync. It
+// ends with the upstream's ReadyForQuery.
 type cycle struct {
-	local []byte // local cycle: the messages to send before ReadyForQuery
-
 	sent     int  // messages forwarded that each end in one terminal response
 	answered int  // terminal responses relayed so far
 	failed   bool // the upstream reported an error in this cycle
 
-	inject   []byte // the proxy's own error for a message it refused...
-	injectAt int    // ...due once this many terminal responses have been relayed
+	// refusal is the proxy's own error for a message it refused, and standIn the ordinal
+	// (among the sent messages) of the stand-in Parse sent to fail in its place, or 0 for
+	// a stand-in in a Query: the server's error for the stand-in is replaced by the
+	// refusal (see refusal.go).
+	refusal refusal
+	standIn int
 
 	describes  []int // per Describe of a statement, the hidden parameters to strip
 	paramDescs int   // ParameterDescriptions relayed so far

@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	pg_query "github.com/pganalyze/pg_query_go/v6"
-	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/proto"
 )
 
 // The shape cache is the second cache level, behind the exact-text LRU.
@@ -167,8 +167,8 @@ func (sh *shape) base(c int) int {
 func (sh *shape) deps(res planned) ([]int, bool) {
 	exprs := make(map[int32]bool, len(sh.consts))
 	for _, raw := range res.tree.Stmts {
-		eachMessage(raw.ProtoReflect(), func(m protoreflect.Message) bool {
-			c, ok := m.Interface().(*pg_query.A_Const)
+		visitChild(raw.Stmt, func(m proto.Message) bool {
+			c, ok := m.(*pg_query.A_Const)
 			if ok {
 				exprs[c.Location] = true
 			}

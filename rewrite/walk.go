@@ -78,43 +78,25 @@ func visitChild(m proto.Message, visit func(proto.Message) bool) {
 	}
 }
 
-// eachMessage calls visit for m and every message below it, in no
-// particular order, descending where visit returns true. It visits only
-// populated fields, which makes it much cheaper than walk on large trees;
-// use it where the order does not matter.
-func eachMessage(m protoreflect.Message, visit func(protoreflect.Message) bool) {
-	if !m.IsValid() || !visit(m) {
-		return
-	}
-	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
-		switch {
-		case fd.Kind() != protoreflect.MessageKind && fd.Kind() != protoreflect.GroupKind, fd.IsMap():
-		case fd.IsList():
-			l := v.List()
-			for i := 0; i < l.Len(); i++ {
-				eachMessage(l.Get(i).Message(), visit)
-			}
-		default:
-			eachMessage(v.Message(), visit)
-		}
-		return true
-	})
-}
-
 // minLocation returns the smallest location field in the messages below
-// and including nodes, or -1.
+// and including m, or -1.
 func minLocation(nodes []*pg_query.Node) int {
 	min := -1
-	note := func(r protoreflect.Message) bool {
+	note := func(m proto.Message) {
+		r := m.ProtoReflect()
 		if fd := r.Descriptor().Fields().ByName("location"); fd != nil && fd.Kind() == protoreflect.Int32Kind {
 			if loc := int(r.Get(fd).Int()); loc >= 0 && (min < 0 || loc < min) {
 				min = loc
 			}
 		}
-		return true
 	}
 	for _, n := range nodes {
-		eachMessage(n.ProtoReflect(), note)
+		m := unwrap(n)
+		if m == nil {
+			continue
+		}
+		note(m)
+		walk(m, func(c proto.Message) bool { note(c); return true })
 	}
 	return min
 }

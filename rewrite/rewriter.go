@@ -238,7 +238,12 @@ func (r *Rewriter) scan(sql string) (tokens, *shape) {
 		// parses would depend on the bytes inside its constants.
 		return toks, nil
 	}
-	return toks, shapeOf(sql, toks)
+	sh := shapeOf(sql, toks)
+	if sh == nil || len(sh.consts) == 0 {
+		// Without constants the shape is the text: the text cache holds it.
+		return toks, nil
+	}
+	return toks, sh
 }
 
 // quoteIdent writes an identifier so that PostgreSQL reads it back as name.

@@ -159,11 +159,15 @@ func (sh *shape) base(c int) int {
 //   - the constants the planner read (a leaf_next tag, EXECUTE arguments);
 //   - U&'…' strings, whose escapes the parser checks, not the scanner;
 //   - constants that did not become an A_Const expression node (directly,
-//     or negated by a "-" right before them). The grammar copies such a
-//     constant into the node without looking at its value, but elsewhere
-//     it may check or interpret the value: float(p) becomes float4 or
-//     float8, SET STATISTICS checks its range, a UESCAPE character is
-//     validated, option values become names in the tree.
+//     or negated by a "-" right before them). Where the grammar makes an
+//     A_Const it copies the constant without looking at its value;
+//     elsewhere it may check or interpret the value: float(p) becomes
+//     float4 or float8, SET STATISTICS checks its range, a UESCAPE
+//     character is validated, option values become names in the tree.
+//
+// Everything else the planner looks at is the same in every text of the
+// shape: node types and names come from the tokens between constants,
+// and locations are mapped through the token stream.
 func (sh *shape) deps(res planned) ([]int, bool) {
 	exprs := make(map[int32]bool, len(sh.consts))
 	for _, raw := range res.tree.Stmts {

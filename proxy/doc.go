@@ -32,8 +32,9 @@
 // Known limits: when the server does not create an unnamed statement the proxy parsed
 // itself (an error earlier in the cycle), a cycle the client pipelined behind that one,
 // sent before the failure was known, may get 26000 (no such statement) for it. A Query
-// string of several statements that is refused for touching a prepared statement with
-// hidden parameters fails before any of its statements runs. GSSAPI authentication and
+// string of several statements refused for what it holds as a whole (a PREPARE with
+// hidden parameters among other statements, an EXECUTE or DEALLOCATE of a statement with
+// hidden parameters) fails before any of its statements runs. GSSAPI authentication and
 // GSSAPI encryption are not relayed. SCRAM channel binding (SCRAM-SHA-256-PLUS) binds the
 // authentication to the certificate of the server the client talks TLS with, which is
 // the proxy: it only succeeds when the proxy presents the database's own certificate and

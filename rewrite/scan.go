@@ -69,7 +69,37 @@ func decodeScan(b []byte, n int, toks []scanToken) ([]scanToken, error) {
 	return toks, nil
 }
 
+// decodeToken decodes one ScanToken. All its fields are varints with
+// one-byte keys, which it reads inline: this runs for every token of every
+// statement the shape cache serves.
 func decodeToken(b []byte) (scanToken, bool) {
+	var t scanToken
+	for i := 0; i < len(b); {
+		key := b[i]
+		if key >= 0x80 || protowire.Type(key&7) != protowire.VarintType {
+			return decodeTokenFields(b)
+		}
+		i++
+		var v uint64
+		for shift := uint(0); ; shift += 7 {
+			if i >= len(b) || shift > 63 {
+				return t, false
+			}
+			c := b[i]
+			i++
+			v |= uint64(c&0x7f) << shift
+			if c < 0x80 {
+				break
+			}
+		}
+		t.set(protowire.Number(key>>3), v)
+	}
+	return t, true
+}
+
+// decodeTokenFields decodes a ScanToken with fields of any kind, which a
+// later pg_query might add.
+func decodeTokenFields(b []byte) (scanToken, bool) {
 	var t scanToken
 	for len(b) > 0 {
 		num, typ, l := protowire.ConsumeTag(b)
@@ -89,18 +119,22 @@ func decodeToken(b []byte) (scanToken, bool) {
 			return t, false
 		}
 		b = b[l:]
-		switch num {
-		case scanTokenStart:
-			t.Start = int32(v)
-		case scanTokenEnd:
-			t.End = int32(v)
-		case scanTokenKind:
-			t.Token = pg_query.Token(v)
-		case scanTokenKeywords:
-			t.Keyword = pg_query.KeywordKind(v) != pg_query.KeywordKind_NO_KEYWORD
-		}
+		t.set(num, v)
 	}
 	return t, true
+}
+
+func (t *scanToken) set(num protowire.Number, v uint64) {
+	switch num {
+	case scanTokenStart:
+		t.Start = int32(v)
+	case scanTokenEnd:
+		t.End = int32(v)
+	case scanTokenKind:
+		t.Token = pg_query.Token(v)
+	case scanTokenKeywords:
+		t.Keyword = pg_query.KeywordKind(v) != pg_query.KeywordKind_NO_KEYWORD
+	}
 }
 
 // withoutComments returns the tokens the planner works on: all but

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	pg_query "github.com/pganalyze/pg_query_go/v6"
+	"google.golang.org/protobuf/encoding/protowire"
 )
 
 // replacements are constant texts by token kind, chosen to change what a
@@ -317,7 +318,8 @@ func TestShapeCacheOff(t *testing.T) {
 // TestScanMatchesPgQuery checks the direct decoding of the scanner's
 // output against pg_query.Scan.
 func TestScanMatchesPgQuery(t *testing.T) {
-	sqls := append([]string{"", "   ", "SELECT 'unterminated", "/* only a comment */"}, shapeCases...)
+	sqls := append([]string{"", "   ", "SELECT 'unterminated", "/* only a comment */",
+		"SELECT " + strings.Repeat("'x', ", 5000) + "1"}, shapeCases...)
 	for _, file := range goldenFiles(t) {
 		for _, c := range readCases(t, file) {
 			sqls = append(sqls, c.SQL)
@@ -344,12 +346,34 @@ func TestScanMatchesPgQuery(t *testing.T) {
 	}
 }
 
+// TestDecodeTokenOtherFields checks a token carrying a field of another
+// wire type, which the inline decoder hands to the general one.
+func TestDecodeTokenOtherFields(t *testing.T) {
+	var b []byte
+	b = protowire.AppendTag(b, scanTokenStart, protowire.VarintType)
+	b = protowire.AppendVarint(b, 300)
+	b = protowire.AppendTag(b, 9, protowire.BytesType)
+	b = protowire.AppendBytes(b, []byte("later"))
+	b = protowire.AppendTag(b, scanTokenEnd, protowire.VarintType)
+	b = protowire.AppendVarint(b, 70000)
+	b = protowire.AppendTag(b, scanTokenKind, protowire.VarintType)
+	b = protowire.AppendVarint(b, uint64(pg_query.Token_SCONST))
+	b = protowire.AppendTag(b, 10, protowire.Fixed32Type)
+	b = protowire.AppendFixed32(b, 7)
+	got, ok := decodeToken(b)
+	want := scanToken{Start: 300, End: 70000, Token: pg_query.Token_SCONST}
+	if !ok || got != want {
+		t.Errorf("decodeToken = %+v, %v; want %+v", got, ok, want)
+	}
+}
+
 func TestDecodeScanRejectsMalformedOutput(t *testing.T) {
 	for _, b := range [][]byte{
 		{0x12},                               // tokens field without its length
 		{0x12, 0x05, 0x08},                   // length past the end
 		{0x12, 0x04, 0x08, 0x05, 0x10, 0x02}, // start after end
 		{0x12, 0x04, 0x08, 0x00, 0x10, 0x7f}, // end past the text
+		{0x12, 0x02, 0x08, 0x80},             // varint cut off inside the token
 		{0xff},                               // truncated tag
 	} {
 		if toks, err := decodeScan(b, 10, nil); err == nil {

@@ -142,6 +142,10 @@ func checkProxied(ctx context.Context, t *testing.T, goBin string, s *server, di
 			t.Errorf("%s: %s", r.Name, msg)
 		}
 	}
+	if r.Proxy.tcpClients.Load() == 0 || (r.Endpoint.SocketDir != "" && *pgxRun == "" && r.Proxy.unixClients.Load() == 0) {
+		t.Errorf("%s: the suite did not go through the proxy: %d TCP and %d Unix socket clients",
+			r.Name, r.Proxy.tcpClients.Load(), r.Proxy.unixClients.Load())
+	}
 	problems := compare(direct, r.Report, exclusions)
 	if len(problems) == 0 {
 		return nil
@@ -210,6 +214,14 @@ func logSummary(t *testing.T, goBin string, runs []*suiteRun, flaky []string) {
 		fmt.Fprintf(&b, "  %-16s %7d %7d %7d %8s  %s\n", r.Name, pass, fail, skip,
 			r.Report.Elapsed.Round(100*time.Millisecond), strings.Join(perPackage, ", "))
 	}
+	var skipped []string
+	for id, action := range runs[0].Report.Results {
+		if action == "skip" {
+			skipped = append(skipped, id.String())
+		}
+	}
+	sort.Strings(skipped)
+	fmt.Fprintf(&b, "skipped direct (what they need is not set up here): %s\n", strings.Join(skipped, ", "))
 	fmt.Fprintf(&b, "excluded: %d", len(exclusions))
 	for _, e := range exclusions {
 		var got []string
@@ -226,7 +238,8 @@ func logSummary(t *testing.T, goBin string, runs []*suiteRun, flaky []string) {
 			continue
 		}
 		count, first := r.Proxy.log.snapshot()
-		fmt.Fprintf(&b, "\n%s logged %d warnings or errors", r.Name, count)
+		fmt.Fprintf(&b, "\n%s served %d clients on TCP and %d on its Unix socket, and logged %d warnings or errors",
+			r.Name, r.Proxy.tcpClients.Load(), r.Proxy.unixClients.Load(), count)
 		for _, line := range first {
 			fmt.Fprintf(&b, "\n  %s", line)
 		}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -35,6 +36,9 @@ const (
 type runningProxy struct {
 	Endpoint endpoint
 	log      *logLines
+	// Clients accepted on TCP and on the Unix socket: proof that the run went through
+	// the proxy.
+	tcpClients, unixClients atomic.Int64
 }
 
 // startProxy starts a proxy.Server in front of s, listening on a loopback TCP port and, as
@@ -57,7 +61,7 @@ func startProxy(t *testing.T, s *server, configure func(*proxy.Server)) *running
 		configure(srv)
 	}
 
-	listeners := []net.Listener{listen(t, "tcp", "127.0.0.1:0")}
+	listeners := []net.Listener{countingListener{listen(t, "tcp", "127.0.0.1:0"), &rp.tcpClients}}
 	rp.Endpoint.Addr = listeners[0].Addr().String()
 	if s.SocketDir != "" {
 		// A short path of our own: t.TempDir's can pass the 107 bytes a socket path may have.
@@ -66,7 +70,7 @@ func startProxy(t *testing.T, s *server, configure func(*proxy.Server)) *running
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { os.RemoveAll(dir) })
-		listeners = append(listeners, listen(t, "unix", filepath.Join(dir, ".s.PGSQL."+s.Port)))
+		listeners = append(listeners, countingListener{listen(t, "unix", filepath.Join(dir, ".s.PGSQL."+s.Port)), &rp.unixClients})
 		rp.Endpoint.SocketDir = dir
 	}
 
@@ -89,6 +93,20 @@ func startProxy(t *testing.T, s *server, configure func(*proxy.Server)) *running
 		}
 	})
 	return rp
+}
+
+// countingListener counts the connections it accepts.
+type countingListener struct {
+	net.Listener
+	n *atomic.Int64
+}
+
+func (l countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.n.Add(1)
+	}
+	return c, err
 }
 
 func listen(t *testing.T, network, addr string) net.Listener {

@@ -6,7 +6,8 @@ import (
 	"unicode/utf8"
 )
 
-// DefaultCacheSize is the number of plans kept when Settings.CacheSize is 0.
+// DefaultCacheSize is the number of entries each cache level keeps when
+// Settings.CacheSize or Settings.ShapeCacheSize is 0.
 const DefaultCacheSize = 4096
 
 // FillRule makes the proxy fill Column of Table with an ID of Tag on INSERT

@@ -15,8 +15,8 @@ type exclusion struct {
 // problem is a test that passed straight at the database but not through a proxy.
 type problem struct {
 	ID     testID
-	Got    string   // fail, skip, or "" when the test did not run at all
-	Output []string // its output through the proxy
+	Got    string  // fail, skip, or "" when the test did not run at all
+	Output *output // its output through the proxy
 }
 
 func (p problem) String() string {

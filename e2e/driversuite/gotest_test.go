@@ -16,9 +16,12 @@ import (
 	"time"
 )
 
-// maxOutputLines is how many output lines are kept per test and per package: enough to
-// show why a test failed, small enough that a chatty suite cannot exhaust memory.
-const maxOutputLines = 60
+// How many output lines are kept per test and per package: enough to show why a test
+// failed, few enough that a chatty suite cannot exhaust memory.
+const (
+	headLines = 20 // the first lines: how a panic or a timeout's goroutine dump began
+	tailLines = 40 // the last lines: how a failure ended
+)
 
 // event is one line of `go test -json` (see `go doc cmd/test2json`).
 type event struct {
@@ -45,15 +48,15 @@ func shortPackage(pkg string) string {
 
 // report is what one `go test -json` run produced.
 type report struct {
-	Results  map[testID]string   // final action of each test: pass, fail or skip
-	Output   map[testID][]string // the last output lines of each test
-	Packages map[string]string   // final action of each package: pass, fail (or skip: no tests)
+	Results  map[testID]string  // final action of each test: pass, fail or skip
+	Output   map[testID]*output // what each test printed
+	Packages map[string]string  // final action of each package: pass, fail (or skip: no tests)
 	// PackageElapsed is how long each package's test binary ran.
 	PackageElapsed map[string]time.Duration
 	// PackageOutput holds output not attributed to a test: build errors, a panic that
 	// ended the test binary, the final FAIL line.
-	PackageOutput map[string][]string
-	Stray         []string // lines of stdout that were not JSON
+	PackageOutput map[string]*output
+	Stray         output // lines of stdout that were not JSON
 	Stderr        string
 	Elapsed       time.Duration
 }
@@ -61,10 +64,10 @@ type report struct {
 func newReport() *report {
 	return &report{
 		Results:        make(map[testID]string),
-		Output:         make(map[testID][]string),
+		Output:         make(map[testID]*output),
 		Packages:       make(map[string]string),
 		PackageElapsed: make(map[string]time.Duration),
-		PackageOutput:  make(map[string][]string),
+		PackageOutput:  make(map[string]*output),
 	}
 }
 
@@ -80,7 +83,7 @@ func parseReport(r io.Reader) (*report, error) {
 		}
 		var e event
 		if line[0] != '{' || json.Unmarshal(line, &e) != nil {
-			rep.Stray = appendLine(rep.Stray, string(line))
+			rep.Stray.add(string(line))
 			continue
 		}
 		rep.add(e)
@@ -98,9 +101,15 @@ func (r *report) add(e event) {
 		text := strings.TrimRight(e.Output, "\n")
 		if e.Test != "" {
 			id := testID{pkg, stableName(e.Test)}
-			r.Output[id] = appendLine(r.Output[id], text)
+			if r.Output[id] == nil {
+				r.Output[id] = &output{}
+			}
+			r.Output[id].add(text)
 		} else {
-			r.PackageOutput[pkg] = appendLine(r.PackageOutput[pkg], text)
+			if r.PackageOutput[pkg] == nil {
+				r.PackageOutput[pkg] = &output{}
+			}
+			r.PackageOutput[pkg].add(text)
 		}
 	case "pass", "fail", "skip":
 		if e.Test != "" {
@@ -124,12 +133,39 @@ func stableName(test string) string {
 	return tempDirName.ReplaceAllString(test, "${1}N/NNN/")
 }
 
-func appendLine(lines []string, line string) []string {
-	if len(lines) == maxOutputLines {
-		lines = append(lines[:0], lines[1:]...)
-	}
-	return append(lines, line)
+// output holds the first headLines and the last tailLines lines of some output.
+type output struct {
+	head, tail []string
+	omitted    int
 }
+
+func (o *output) add(line string) {
+	switch {
+	case len(o.head) < headLines:
+		o.head = append(o.head, line)
+	case len(o.tail) < tailLines:
+		o.tail = append(o.tail, line)
+	default:
+		o.tail = append(o.tail[:0], o.tail[1:]...)
+		o.tail = append(o.tail, line)
+		o.omitted++
+	}
+}
+
+// lines returns the lines kept, with a line saying how many were left out between them.
+// A nil output has none.
+func (o *output) lines() []string {
+	if o == nil {
+		return nil
+	}
+	lines := append([]string(nil), o.head...)
+	if o.omitted > 0 {
+		lines = append(lines, fmt.Sprintf("[… %d lines left out …]", o.omitted))
+	}
+	return append(lines, o.tail...)
+}
+
+func (o *output) String() string { return strings.Join(o.lines(), "\n") }
 
 // counts returns how many tests passed, failed and were skipped.
 func (r *report) counts() (pass, fail, skip int) {
@@ -191,7 +227,7 @@ func goTest(ctx context.Context, goBin, dir string, env []string, args ...string
 	}
 	if len(rep.Packages) == 0 {
 		return rep, fmt.Errorf("go test reported no package (exit %v)\nstderr:\n%s\nstdout:\n%s",
-			waitErr, rep.Stderr, strings.Join(rep.Stray, "\n"))
+			waitErr, rep.Stderr, rep.Stray.String())
 	}
 	return rep, nil
 }

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -56,7 +57,7 @@ func TestParseReport(t *testing.T) {
 	if !reflect.DeepEqual(r.Results, wantResults) {
 		t.Errorf("results:\n got %v\nwant %v", r.Results, wantResults)
 	}
-	if got := r.Output[testID{pkgA, "TestBad/sub"}]; !slices.Equal(got, []string{"    bad_test.go:9: boom"}) {
+	if got := r.Output[testID{pkgA, "TestBad/sub"}].lines(); !slices.Equal(got, []string{"    bad_test.go:9: boom"}) {
 		t.Errorf("output of TestBad/sub: %q", got)
 	}
 	if r.Packages[pkgA] != "fail" || r.Packages["example.com/b"] != "fail" {
@@ -65,25 +66,52 @@ func TestParseReport(t *testing.T) {
 	if r.PackageElapsed[pkgA] != 1500*time.Millisecond {
 		t.Errorf("elapsed of %s: %v", pkgA, r.PackageElapsed[pkgA])
 	}
-	if got := r.PackageOutput["example.com/b"]; !slices.Equal(got, []string{"b.go:1: syntax error"}) {
+	if got := r.PackageOutput["example.com/b"].lines(); !slices.Equal(got, []string{"b.go:1: syntax error"}) {
 		t.Errorf("build output: %q", got)
 	}
-	if !slices.Equal(r.Stray, []string{"not json at all"}) {
-		t.Errorf("stray lines: %q", r.Stray)
+	if got := r.Stray.lines(); !slices.Equal(got, []string{"not json at all"}) {
+		t.Errorf("stray lines: %q", got)
 	}
 	if pass, fail, skip := r.counts(); pass != 2 || fail != 2 || skip != 1 {
 		t.Errorf("counts = %d passed, %d failed, %d skipped; want 2, 2, 1", pass, fail, skip)
 	}
 }
 
-func TestOutputIsBounded(t *testing.T) {
-	var lines []string
-	for i := range 3 * maxOutputLines {
-		lines = appendLine(lines, strings.Repeat("x", i))
+func TestOutputKeepsHeadAndTail(t *testing.T) {
+	tests := []struct {
+		name  string
+		lines int
+		want  []string
+	}{
+		{"none", 0, nil},
+		{"few", 3, []string{"0", "1", "2"}},
+		{"exactly enough", headLines + tailLines, numbers(0, headLines+tailLines)},
+		{"too many", headLines + tailLines + 5,
+			append(append(numbers(0, headLines), "[… 5 lines left out …]"), numbers(headLines+5, headLines+tailLines+5)...)},
 	}
-	if len(lines) != maxOutputLines || lines[len(lines)-1] != strings.Repeat("x", 3*maxOutputLines-1) {
-		t.Errorf("kept %d lines ending %q; want the last %d", len(lines), lines[len(lines)-1], maxOutputLines)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var o output
+			for i := range tt.lines {
+				o.add(strconv.Itoa(i))
+			}
+			if got := o.lines(); !slices.Equal(got, tt.want) {
+				t.Errorf("lines:\n got %q\nwant %q", got, tt.want)
+			}
+		})
 	}
+	var none *output
+	if none.lines() != nil || none.String() != "" {
+		t.Error("a nil output has lines")
+	}
+}
+
+func numbers(from, to int) []string {
+	var s []string
+	for i := from; i < to; i++ {
+		s = append(s, strconv.Itoa(i))
+	}
+	return s
 }
 
 func TestStableName(t *testing.T) {
@@ -243,7 +271,7 @@ func TestSkip(t *testing.T) { t.Skip("meant to skip") }
 	if rep.Packages["example.com/tiny"] != "fail" {
 		t.Errorf("package result = %q, want fail", rep.Packages["example.com/tiny"])
 	}
-	if out := strings.Join(rep.Output[testID{"example.com/tiny", "TestFail"}], "\n"); !strings.Contains(out, "meant to fail") {
+	if out := rep.Output[testID{"example.com/tiny", "TestFail"}].String(); !strings.Contains(out, "meant to fail") {
 		t.Errorf("output of TestFail lacks its message:\n%s", out)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -64,16 +65,27 @@ func sharedServer(ctx context.Context, t *testing.T) *server {
 	}
 	defer conn.Close(ctx)
 
-	var socketDirs, ssl, certFile, keyFile string
+	var socketDirs, ssl, certFile, keyFile, dataDir string
 	err = conn.QueryRow(ctx, `SELECT current_setting('unix_socket_directories'), current_setting('ssl'),
-		current_setting('ssl_cert_file'), current_setting('ssl_key_file')`).Scan(&socketDirs, &ssl, &certFile, &keyFile)
+		current_setting('ssl_cert_file'), current_setting('ssl_key_file'), current_setting('data_directory')`).
+		Scan(&socketDirs, &ssl, &certFile, &keyFile, &dataDir)
 	if err != nil {
 		t.Fatalf("read the server's settings: %v", err)
 	}
-	if dir, _, _ := strings.Cut(socketDirs, ","); dir != "" && !strings.HasPrefix(dir, "@") {
-		if _, err := os.Stat(dir); err == nil {
-			s.SocketDir = strings.TrimSpace(dir)
+	// The first directory, unless it is Linux's abstract namespace (@…), which holds no file.
+	if dir, _, _ := strings.Cut(socketDirs, ","); !strings.HasPrefix(strings.TrimSpace(dir), "@") {
+		if dir = strings.TrimSpace(dir); dir != "" {
+			if _, err := os.Stat(dir); err == nil {
+				s.SocketDir = dir
+			}
 		}
+	}
+	// Relative paths of the certificate and key are relative to the data directory.
+	if !filepath.IsAbs(certFile) {
+		certFile = filepath.Join(dataDir, certFile)
+	}
+	if !filepath.IsAbs(keyFile) {
+		keyFile = filepath.Join(dataDir, keyFile)
 	}
 	s.CAFile = os.Getenv(testenv.EnvPGCA)
 	if ssl == "on" && s.CAFile != "" {

@@ -79,7 +79,9 @@ func startProxy(t *testing.T, s *server, configure func(*proxy.Server)) *running
 		go func() { done <- srv.Serve(l) }()
 	}
 	t.Cleanup(func() {
-		srv.Close()
+		if err := srv.Close(); err != nil {
+			t.Errorf("close the proxy: %v", err)
+		}
 		for range listeners {
 			select {
 			case err := <-done:
@@ -134,7 +136,11 @@ func rewritingProxy(ctx context.Context, t *testing.T) (func(*proxy.Server), *sn
 	if err := engine.Start(ctx); err != nil {
 		t.Fatalf("start the snowflake engine: %v", err)
 	}
-	t.Cleanup(func() { engine.Close(context.Background()) })
+	t.Cleanup(func() {
+		if err := engine.Close(context.Background()); err != nil {
+			t.Errorf("close the snowflake engine: %v", err)
+		}
+	})
 	ids := idgen.NewRouter(nil, engine, []string{fillTag})
 	return func(s *proxy.Server) {
 		s.Rewriter = rw

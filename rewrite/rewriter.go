@@ -110,8 +110,12 @@ func (r *Rewriter) Plan(sql string) (*Plan, error) {
 	if e, ok := r.cache.get(sql); ok {
 		return e.plan, e.err
 	}
-	p, err := r.build(sql)
-	if len(sql) <= maxCachedSQL {
+	p, shaped, err := r.build(sql)
+	if !shaped && len(sql) <= maxCachedSQL {
+		// A text the shape cache served is not kept: it costs a scan to
+		// serve again, and a stream of texts with fresh values would
+		// otherwise evict the texts that need a parse (every statement
+		// without constants, all refusals).
 		r.cache.put(sql, cacheEntry{plan: p, err: err})
 	}
 	return p, err
@@ -200,26 +204,26 @@ func equalFoldASCII(s, lower string) bool {
 }
 
 // build plans sql without the text cache: from the shape cache when a text
-// of the same shape was planned before, by parsing otherwise. A panic in
-// the planner is a bug; it is turned into an internal error so that one odd
-// statement cannot take the proxy down.
-func (r *Rewriter) build(sql string) (p *Plan, err error) {
+// of the same shape was planned before (shaped), by parsing otherwise. A
+// panic in the planner is a bug; it is turned into an internal error so
+// that one odd statement cannot take the proxy down.
+func (r *Rewriter) build(sql string) (p *Plan, shaped bool, err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			p, err = nil, &Error{Code: codeInternal, Message: fmt.Sprintf("rewrite: internal error planning statement: %v", v)}
+			p, shaped, err = nil, false, &Error{Code: codeInternal, Message: fmt.Sprintf("rewrite: internal error planning statement: %v", v)}
 		}
 	}()
 	toks, sh := r.scan(sql)
 	if sh != nil {
 		if t := r.shapes.lookup(sh); t != nil {
-			return t.instantiate(sh), nil
+			return t.instantiate(sh), true, nil
 		}
 	}
 	res := plan(r, sql, toks)
 	if sh != nil {
 		r.shapes.learn(sh, res)
 	}
-	return res.plan, res.err
+	return res.plan, false, res.err
 }
 
 // scan returns the tokens of sql without comments (none when the scanner

@@ -65,9 +65,15 @@ type shape struct {
 // toks; comments stay in the key like the rest of the text between
 // constants.
 func shapeOf(sql string, toks tokens) *shape {
-	sh := &shape{sql: sql, toks: toks}
+	n := 0
+	for _, t := range toks {
+		if constKind(t.Token) != 0 {
+			n++
+		}
+	}
+	sh := &shape{sql: sql, toks: toks, consts: make([]int, 0, n)}
 	var b strings.Builder
-	b.Grow(len(sql) + 1)
+	b.Grow(len(sql) + 1 + 4*n)
 	if containsFold(sql, "leaf_") {
 		b.WriteByte('L')
 	} else {

@@ -101,12 +101,8 @@ func sameTokensBesideConstants(orig []scanToken, v string) bool {
 // whether the shape cache served sql; a miss lets rw learn sql's shape.
 func checkShapePath(t testing.TB, rw, ref *Rewriter, sql string) bool {
 	t.Helper()
-	want, wantErr := ref.build(sql)
-	hit := false
-	if _, sh := rw.scan(sql); sh != nil && rw.shapes.lookup(sh) != nil {
-		hit = true
-	}
-	got, gotErr := rw.build(sql)
+	want, _, wantErr := ref.build(sql)
+	got, hit, gotErr := rw.build(sql)
 	if !reflect.DeepEqual(got, want) || !reflect.DeepEqual(gotErr, wantErr) {
 		t.Fatalf("shape path (hit=%v) differs from a full parse for %q\nfull:  %s\nshape: %s",
 			hit, sql, show(t, sql, want, wantErr), show(t, sql, got, gotErr))
@@ -439,7 +435,7 @@ func TestShapeCacheConcurrent(t *testing.T) {
 	}
 	want := make(map[string]string, len(sqls))
 	for _, sql := range sqls {
-		p, err := ref.build(sql)
+		p, _, err := ref.build(sql)
 		want[sql] = show(t, sql, p, err)
 	}
 	var wg sync.WaitGroup
@@ -462,5 +458,37 @@ func TestShapeCacheConcurrent(t *testing.T) {
 	close(errs)
 	for e := range errs {
 		t.Error(e)
+	}
+}
+
+// TestShapeServedTextsStayOutOfTextCache checks that a stream of texts with
+// fresh values, served by the shape cache, does not evict the parsed texts
+// from the text cache.
+func TestShapeServedTextsStayOutOfTextCache(t *testing.T) {
+	rw, err := New(Settings{Fill: goldenSettings.Fill, CacheSize: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const first, params = "INSERT INTO orders (item) VALUES ('a')", "SELECT leaf_next($1)"
+	p1, _ := rw.Plan(first)
+	p2, _ := rw.Plan(params)
+	for i := 0; i < 10; i++ {
+		sql := fmt.Sprintf("INSERT INTO orders (item) VALUES ('%d')", i)
+		p, shaped, err := rw.build(sql)
+		if err != nil || p == nil || !shaped {
+			t.Fatalf("build(%q) = %v, %v, %v; want a plan from the shape cache", sql, p, shaped, err)
+		}
+		if _, err := rw.Plan(sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := rw.cache.len(); n != 2 {
+		t.Errorf("text cache holds %d entries, want the 2 parsed texts", n)
+	}
+	if again, _ := rw.Plan(first); again != p1 {
+		t.Errorf("Plan(%q) was evicted from the text cache", first)
+	}
+	if again, _ := rw.Plan(params); again != p2 {
+		t.Errorf("Plan(%q) was evicted from the text cache", params)
 	}
 }

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -245,11 +247,20 @@ func countHidden(sql string, first int) int {
 		if tok.Token != pg_query.Token_PARAM {
 			continue
 		}
-		var n int
-		fmt.Sscanf(sql[tok.Start+1:tok.End], "%d", &n)
-		if n >= first {
+		if paramNumber(sql[tok.Start+1:tok.End]) >= first {
 			seen[sql[tok.Start:tok.End]] = true
 		}
 	}
 	return len(seen)
+}
+
+// paramNumber reads the digits of $n as PostgreSQL 17's scanner does: with
+// atol, which saturates, stored in an int, which wraps. $10000000000 is
+// parameter 1410065408 to the server as much as to the planner.
+func paramNumber(digits string) int {
+	n, err := strconv.ParseInt(digits, 10, 64)
+	if err != nil {
+		n = math.MaxInt64
+	}
+	return int(int32(n))
 }

@@ -77,36 +77,21 @@ func items(t *testing.T, direct *pgx.Conn) string {
 	return strings.Join(list, " ")
 }
 
-// exchangeTx is exchange with the transaction status in each ReadyForQuery.
+// exchangeTx is exchange with the transaction status in each ReadyForQuery, leaving out
+// RowDescription and NoData.
 func exchangeTx(t *testing.T, fe *pgproto3.Frontend, msgs ...pgproto3.FrontendMessage) string {
 	t.Helper()
-	want := 0
-	for _, m := range msgs {
-		switch m.(type) {
-		case *pgproto3.Sync, *pgproto3.Query:
-			want++
-		}
-		fe.Send(m)
+	return strings.Join(exchangeWith(t, fe, summarizeTx, msgs...), " ")
+}
+
+func summarizeTx(msg pgproto3.BackendMessage) string {
+	switch m := msg.(type) {
+	case *pgproto3.ReadyForQuery:
+		return "ready:" + string(m.TxStatus)
+	case *pgproto3.RowDescription, *pgproto3.NoData:
+		return ""
 	}
-	if err := fe.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for want > 0 {
-		msg, err := fe.Receive()
-		if err != nil {
-			t.Fatalf("after %q: %v", got, err)
-		}
-		switch m := msg.(type) {
-		case *pgproto3.ReadyForQuery:
-			got = append(got, "ready:"+string(m.TxStatus))
-			want--
-		case *pgproto3.RowDescription, *pgproto3.NoData:
-		default:
-			got = append(got, summarize(msg))
-		}
-	}
-	return strings.Join(got, " ")
+	return summarize(msg)
 }
 
 func query(sql string) *pgproto3.Query { return &pgproto3.Query{String: sql} }

@@ -42,14 +42,7 @@ func BenchmarkPlanInsertNewShape(b *testing.B) {
 	for i := range qs {
 		qs[i] = benchInsert + " AS id_" + strconv.Itoa(i)
 	}
-	b.ReportAllocs()
-	i := 0
-	for b.Loop() {
-		if p, err := rw.Plan(qs[i%len(qs)]); err != nil || p == nil {
-			b.Fatal(p, err)
-		}
-		i++
-	}
+	planEach(b, rw, qs)
 }
 
 // BenchmarkPlanInsertNewText plans texts that differ only in their values.
@@ -62,6 +55,12 @@ func BenchmarkPlanInsertNewText(b *testing.B) {
 	if _, err := rw.Plan(benchInsert); err != nil {
 		b.Fatal(err)
 	}
+	planEach(b, rw, qs)
+}
+
+// planEach plans the texts qs in turn, round and round, each to a plan.
+func planEach(b *testing.B, rw *Rewriter, qs []string) {
+	b.Helper()
 	b.ReportAllocs()
 	i := 0
 	for b.Loop() {

@@ -207,9 +207,7 @@ func (c *conn) onBind(n int) error {
 	s.mu.Unlock()
 	if none && s.unnamed() == nil {
 		// No statement has hidden parameters: stream the Bind, however large.
-		s.mu.Lock()
-		s.openLocked().sent++
-		s.mu.Unlock()
+		s.countSent()
 		if err := writeHeader(c.uw, 'B', n); err != nil {
 			return writeError{err}
 		}
@@ -319,9 +317,6 @@ func bindTag(params [][]byte, p int) (string, error) {
 
 // forwardExtended sends an extended-protocol message that gets one terminal response.
 func (c *conn) forwardExtended(typ byte, body []byte) error {
-	s := &c.sess
-	s.mu.Lock()
-	s.openLocked().sent++
-	s.mu.Unlock()
+	c.sess.countSent()
 	return c.send(typ, body)
 }

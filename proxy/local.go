@@ -381,7 +381,6 @@ func (c *conn) replayLocal() error {
 
 // dispatch handles an extended-protocol message whose body has been read, upstream.
 func (c *conn) dispatch(typ byte, body []byte) error {
-	s := &c.sess
 	switch typ {
 	case 'P':
 		return c.handleParse(body, nil)
@@ -394,11 +393,7 @@ func (c *conn) dispatch(typ byte, body []byte) error {
 	case 'E':
 		return c.forwardExtended('E', body)
 	case 'S':
-		s.mu.Lock()
-		s.openLocked()
-		s.cur = nil
-		s.mu.Unlock()
-		c.pending.Add(1)
+		c.closeCycle()
 	}
 	return c.send(typ, body)
 }

@@ -19,25 +19,25 @@ import (
 	"github.com/leafproxy/leafproxy/rewrite"
 )
 
-// missingTagIDs is stubIDs, except that tag "missing" does not exist (42704), as the
-// segment engine reports an unknown tag.
-type missingTagIDs struct{ stubIDs }
+// unknownTagIDs is stubIDs, except that tags "missing" and "nope" do not exist (42704), as
+// the segment engine reports an unknown tag.
+type unknownTagIDs struct{ stubIDs }
 
-func (m *missingTagIDs) Next(ctx context.Context, tag string) (int64, error) {
-	if tag == "missing" {
+func (u *unknownTagIDs) Next(ctx context.Context, tag string) (int64, error) {
+	if tag == "missing" || tag == "nope" {
 		return 0, codedError{"42704"}
 	}
-	return m.stubIDs.Next(ctx, tag)
+	return u.stubIDs.Next(ctx, tag)
 }
 
-// fastPathProxy starts a rewriting proxy in front of upstreamURL with missingTagIDs.
-func fastPathProxy(t testing.TB, upstreamURL string) (*testProxy, *missingTagIDs) {
+// fastPathProxy starts a rewriting proxy in front of upstreamURL with unknownTagIDs.
+func fastPathProxy(t testing.TB, upstreamURL string) (*testProxy, *unknownTagIDs) {
 	t.Helper()
 	rw, err := rewrite.New(rewrite.Settings{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids := &missingTagIDs{}
+	ids := &unknownTagIDs{}
 	p := startProxy(t, upstreamURL, func(s *Server) { s.Rewriter, s.IDs = rw, ids })
 	return p, ids
 }

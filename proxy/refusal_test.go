@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -15,17 +14,6 @@ import (
 	"github.com/leafproxy/leafproxy/internal/testenv"
 	"github.com/leafproxy/leafproxy/rewrite"
 )
-
-// unknownTagIDs is stubIDs, except that tag "nope" does not exist (42704), as the segment
-// engine reports an unknown tag.
-type unknownTagIDs struct{ stubIDs }
-
-func (u *unknownTagIDs) Next(ctx context.Context, tag string) (int64, error) {
-	if tag == "nope" {
-		return 0, codedError{"42704"}
-	}
-	return u.stubIDs.Next(ctx, tag)
-}
 
 // refusalProxy starts a rewriting proxy that fills orders.id from tag "order" and lost.id
 // from the unknown tag "nope", in front of a fresh database with both tables. It returns

@@ -45,16 +45,9 @@ func (c *conn) fromClientRewriting(typ byte, n int) error {
 	case 'C':
 		return c.onClose(n)
 	case 'E':
-		s.mu.Lock()
-		s.openLocked().sent++
-		s.mu.Unlock()
+		s.countSent()
 	case 'S', 'F':
-		// Sync and FunctionCall end the cycle: the next ReadyForQuery answers it.
-		s.mu.Lock()
-		s.openLocked()
-		s.cur = nil
-		s.mu.Unlock()
-		c.pending.Add(1)
+		c.closeCycle()
 	}
 	if err := writeHeader(c.uw, typ, n); err != nil {
 		return writeError{err}

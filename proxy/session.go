@@ -185,6 +185,25 @@ func (s *sessionState) openLocked() *cycle {
 	return s.cur
 }
 
+// countSent counts one more message of the open cycle that the server answers with one
+// terminal response (an Execute, say).
+func (s *sessionState) countSent() {
+	s.mu.Lock()
+	s.openLocked().sent++
+	s.mu.Unlock()
+}
+
+// closeCycle ends the open cycle with a Sync or FunctionCall, which the next
+// ReadyForQuery answers.
+func (c *conn) closeCycle() {
+	s := &c.sess
+	s.mu.Lock()
+	s.openLocked()
+	s.cur = nil
+	s.mu.Unlock()
+	c.pending.Add(1)
+}
+
 // maxSpareCycles bounds the finished cycles a session keeps for reuse.
 const maxSpareCycles = 4
 

@@ -146,12 +146,7 @@ func (c *conn) literal(plan *rewrite.Plan, dst []byte) (out []byte, drawn int, e
 
 // forwardQuery sends a Query unchanged.
 func (c *conn) forwardQuery(body []byte) error {
-	s := &c.sess
-	s.mu.Lock()
-	s.openLocked()
-	s.cur = nil
-	s.mu.Unlock()
-	c.pending.Add(1)
+	c.closeCycle()
 	return c.send('Q', body)
 }
 

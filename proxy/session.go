@@ -193,8 +193,8 @@ func (s *sessionState) countSent() {
 	s.mu.Unlock()
 }
 
-// closeCycle ends the open cycle with a Sync or FunctionCall, which the next
-// ReadyForQuery answers.
+// closeCycle ends the open cycle with a message the next ReadyForQuery answers: a Sync, a
+// FunctionCall or a Query (which, sent inside an open cycle, ends it at the server too).
 func (c *conn) closeCycle() {
 	s := &c.sess
 	s.mu.Lock()

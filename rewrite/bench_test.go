@@ -165,13 +165,36 @@ func BenchmarkPlanCacheChurn(b *testing.B) {
 }
 
 // BenchmarkParserFloor is the part of planning a new shape spent in
-// pg_query: the token stream and the parse tree.
+// pg_query's C code: the token stream and the parse tree as JSON (see
+// parseTree).
 func BenchmarkParserFloor(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := parser.ScanToProtobuf(benchInsert); err != nil {
 			b.Fatal(err)
 		}
+		if _, err := parser.ParseToJSON(benchInsert); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkParseTree is the parse tree as the planner gets it: parsed,
+// rendered as JSON, transcoded and unmarshalled.
+func BenchmarkParseTree(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, _, err := parseTree(benchInsert); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkPgQueryParse is pg_query.Parse, which parseTree replaces: the
+// tree rendered as protobuf in C and unmarshalled.
+func BenchmarkPgQueryParse(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
 		if _, err := pg_query.Parse(benchInsert); err != nil {
 			b.Fatal(err)
 		}

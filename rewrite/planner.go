@@ -8,7 +8,6 @@ import (
 
 	pg_query "github.com/pganalyze/pg_query_go/v6"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // planner plans one SQL string. A PREPARE body gets a child planner that
@@ -51,10 +50,11 @@ func newPlanner(rw *Rewriter, sql string, toks tokens, reads *[]int) *planner {
 // planned is the outcome of planning one text, with what the shape cache
 // needs to know to reuse it for texts that differ only in constants.
 type planned struct {
-	plan  *Plan
-	err   error
-	tree  *pg_query.ParseResult // nil when the text does not parse
-	reads []int                 // locations of the constants whose values the outcome depends on
+	plan   *Plan
+	err    error
+	tree   *pg_query.ParseResult // nil when the text does not parse
+	consts []int32               // locations of the tree's A_Const nodes
+	reads  []int                 // locations of the constants whose values the outcome depends on
 }
 
 // plan parses sql and plans it; toks are its tokens without comments.
@@ -64,7 +64,7 @@ func plan(rw *Rewriter, sql string, toks tokens) planned {
 		// view of the text: locations would not match what is sent.
 		return planned{}
 	}
-	tree, err := pg_query.Parse(sql)
+	tree, consts, err := parseTree(sql)
 	if err != nil {
 		// Not ours to report: PostgreSQL gives the user its own syntax error.
 		return planned{}
@@ -72,7 +72,7 @@ func plan(rw *Rewriter, sql string, toks tokens) planned {
 	var reads []int
 	p := newPlanner(rw, sql, toks, &reads)
 	out, err := p.plan(tree)
-	return planned{plan: out, err: err, tree: tree, reads: reads}
+	return planned{plan: out, err: err, tree: tree, consts: consts, reads: reads}
 }
 
 // plan plans the statements of tree.
@@ -397,14 +397,10 @@ func (p *planner) refuse(m proto.Message, where string, skip ...string) {
 		return true
 	}
 	m = unwrap(m)
-	if m == nil || !m.ProtoReflect().IsValid() {
+	if isNil(m) {
 		return
 	}
-	names := make([]protoreflect.Name, len(skip))
-	for i, s := range skip {
-		names[i] = protoreflect.Name(s)
-	}
 	if visit(m) {
-		walk(m, visit, names...)
+		walk(m, visit, skip...)
 	}
 }

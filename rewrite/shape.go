@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	pg_query "github.com/pganalyze/pg_query_go/v6"
-	"google.golang.org/protobuf/proto"
 )
 
 // The shape cache is the second cache level, behind the exact-text LRU.
@@ -175,15 +174,9 @@ func (sh *shape) base(c int) int {
 // shape: node types and names come from the tokens between constants,
 // and locations are mapped through the token stream.
 func (sh *shape) deps(res planned) ([]int, bool) {
-	exprs := make(map[int32]bool, len(sh.consts))
-	for _, raw := range res.tree.Stmts {
-		visitChild(raw.Stmt, func(m proto.Message) bool {
-			c, ok := m.(*pg_query.A_Const)
-			if ok {
-				exprs[c.Location] = true
-			}
-			return !ok
-		})
+	exprs := make(map[int32]bool, len(res.consts))
+	for _, loc := range res.consts {
+		exprs[loc] = true
 	}
 	reads := make(map[int32]bool, len(res.reads))
 	for _, loc := range res.reads {

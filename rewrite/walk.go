@@ -1,17 +1,26 @@
 package rewrite
 
 import (
+	"reflect"
+	"strings"
+
 	pg_query "github.com/pganalyze/pg_query_go/v6"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
 )
 
 // The parse tree has a few hundred node types. The planner handles the
 // statements where an ID can go explicitly and walks everything else
-// generically through protobuf reflection, so that no node type (and no
-// leaf_next call hidden inside one) can be missed.
-
-var nodeOneof = (&pg_query.Node{}).ProtoReflect().Descriptor().Oneofs().ByName("node")
+// generically, so that no node type (and no leaf_next call hidden inside
+// one) can be missed.
+//
+// The walk reads the Go structs protoc-gen-go generates through package
+// reflect rather than through protoreflect: it needs only the
+// message-valued fields, found once per type from the field descriptors
+// and struct tags, and reflect reads a pointer or a slice without the
+// allocations of protoreflect's Get. A test compares it with a walk
+// through protoreflect over every node type.
 
 // unwrap returns the concrete message inside a Node, or m itself.
 func unwrap(m proto.Message) proto.Message {
@@ -19,47 +28,49 @@ func unwrap(m proto.Message) proto.Message {
 	if !ok {
 		return m
 	}
-	if n == nil {
+	if n == nil || n.Node == nil {
 		return nil
 	}
-	r := n.ProtoReflect()
-	fd := r.WhichOneof(nodeOneof)
-	if fd == nil {
-		return nil
-	}
-	return r.Get(fd).Message().Interface()
+	// Every oneof wrapper (*pg_query.Node_InsertStmt, …) is a struct
+	// holding the one message.
+	return reflect.ValueOf(n.Node).Elem().Field(0).Interface().(proto.Message)
 }
 
 // walk calls visit for every message below m (not m itself), Node wrappers
 // unwrapped, in field order. visit returns whether to descend into the
 // message. Fields named in skip are not visited at m's level.
-func walk(m proto.Message, visit func(proto.Message) bool, skip ...protoreflect.Name) {
-	if m == nil {
+func walk(m proto.Message, visit func(proto.Message) bool, skip ...string) {
+	v := reflect.ValueOf(m)
+	if m == nil || v.IsNil() {
 		return
 	}
-	r := m.ProtoReflect()
-	if !r.IsValid() {
-		return
-	}
-	fields := r.Descriptor().Fields()
-	for i := 0; i < fields.Len(); i++ {
-		fd := fields.Get(i)
-		if fd.Kind() != protoreflect.MessageKind || !r.Has(fd) || skipped(fd.Name(), skip) {
+	v = v.Elem()
+	for _, f := range infoOf(v.Type()).children {
+		if skipped(f.name, skip) {
 			continue
 		}
-		v := r.Get(fd)
-		if fd.IsList() {
-			l := v.List()
-			for j := 0; j < l.Len(); j++ {
-				visitChild(l.Get(j).Message().Interface(), visit)
+		fv := v.Field(f.index)
+		switch {
+		case f.list:
+			for j := 0; j < fv.Len(); j++ {
+				visitChild(fv.Index(j).Interface().(proto.Message), visit)
 			}
-			continue
+		case f.oneof:
+			if !fv.IsNil() {
+				visitChild(fv.Elem().Elem().Field(0).Interface().(proto.Message), visit)
+			}
+		case !fv.IsNil():
+			visitChild(fv.Interface().(proto.Message), visit)
 		}
-		visitChild(v.Message().Interface(), visit)
 	}
 }
 
-func skipped(name protoreflect.Name, skip []protoreflect.Name) bool {
+// isNil reports whether m is nil or a nil pointer.
+func isNil(m proto.Message) bool {
+	return m == nil || reflect.ValueOf(m).IsNil()
+}
+
+func skipped(name string, skip []string) bool {
 	for _, s := range skip {
 		if s == name {
 			return true
@@ -78,14 +89,104 @@ func visitChild(m proto.Message, visit func(proto.Message) bool) {
 	}
 }
 
+// msgInfo is what the walks need to know of a generated message struct.
+type msgInfo struct {
+	children []childField // message-valued fields, in field order
+	location int          // index of the int32 location field, or -1
+}
+
+// childField is a message-valued field: a pointer, a slice of pointers, or
+// a oneof (an interface holding a wrapper struct whose one field is the
+// message).
+type childField struct {
+	name  string // the proto field's name, or the oneof's
+	index int    // the Go struct field
+	list  bool
+	oneof bool
+}
+
+// msgInfos holds the msgInfo of every message type of pg_query's parse
+// tree; it is not written after initialisation.
+var msgInfos = func() map[reflect.Type]*msgInfo {
+	msgs := (&pg_query.Node{}).ProtoReflect().Descriptor().ParentFile().Messages()
+	infos := make(map[reflect.Type]*msgInfo, msgs.Len())
+	for i := 0; i < msgs.Len(); i++ {
+		mt, err := protoregistry.GlobalTypes.FindMessageByName(msgs.Get(i).FullName())
+		if err != nil {
+			panic(err) // pg_query registers every message type of its file
+		}
+		t := reflect.TypeOf(mt.Zero().Interface()).Elem()
+		infos[t] = newMsgInfo(t, msgs.Get(i))
+	}
+	return infos
+}()
+
+// newMsgInfo matches the fields of md with those of its Go struct t by the
+// names in the struct tags.
+func newMsgInfo(t reflect.Type, md protoreflect.MessageDescriptor) *msgInfo {
+	info := &msgInfo{location: -1}
+	messages := reflect.TypeFor[proto.Message]()
+	for i := 0; i < t.NumField(); i++ {
+		sf := t.Field(i)
+		if name, ok := sf.Tag.Lookup("protobuf_oneof"); ok {
+			od := md.Oneofs().ByName(protoreflect.Name(name))
+			if od != nil && od.Fields().Len() > 0 && od.Fields().Get(0).Kind() == protoreflect.MessageKind {
+				info.children = append(info.children, childField{name: name, index: i, oneof: true})
+			}
+			continue
+		}
+		fd := md.Fields().ByName(protoreflect.Name(tagName(sf.Tag.Get("protobuf"))))
+		switch {
+		case fd == nil:
+		case fd.Kind() == protoreflect.MessageKind && !fd.IsMap():
+			info.children = append(info.children, childField{name: string(fd.Name()), index: i, list: fd.IsList()})
+		case fd.Name() == "location" && sf.Type.Kind() == reflect.Int32:
+			info.location = i
+		}
+	}
+	for _, c := range info.children {
+		ft := t.Field(c.index).Type
+		if c.list {
+			ft = ft.Elem()
+		}
+		if !c.oneof && !ft.Implements(messages) {
+			panic("rewrite: field " + c.name + " of " + t.Name() + " is not a message")
+		}
+	}
+	return info
+}
+
+// tagName returns the name= entry of a protobuf struct tag.
+func tagName(tag string) string {
+	for _, part := range strings.Split(tag, ",") {
+		if name, ok := strings.CutPrefix(part, "name="); ok {
+			return name
+		}
+	}
+	return ""
+}
+
+// infoOf returns the msgInfo of the generated message struct t.
+func infoOf(t reflect.Type) *msgInfo {
+	if info, ok := msgInfos[t]; ok {
+		return info
+	}
+	// Not a parse tree type: find its fields the slow way.
+	md := reflect.New(t).Interface().(proto.Message).ProtoReflect().Descriptor()
+	return newMsgInfo(t, md)
+}
+
 // minLocation returns the smallest location field in the messages below
-// and including m, or -1.
+// and including nodes, or -1. The nodes are in textual order (the rows of
+// a VALUES list), and a node's locations lie in its own text, so the first
+// node with any location has the smallest: a bulk INSERT's other rows are
+// not walked.
 func minLocation(nodes []*pg_query.Node) int {
 	min := -1
 	note := func(m proto.Message) {
-		r := m.ProtoReflect()
-		if fd := r.Descriptor().Fields().ByName("location"); fd != nil && fd.Kind() == protoreflect.Int32Kind {
-			if loc := int(r.Get(fd).Int()); loc >= 0 && (min < 0 || loc < min) {
+		v := reflect.ValueOf(m).Elem()
+		if i := infoOf(v.Type()).location; i >= 0 {
+			if loc := int(v.Field(i).Int()); loc >= 0 && (min < 0 || loc < min) {
 				min = loc
 			}
 		}
@@ -97,6 +198,9 @@ func minLocation(nodes []*pg_query.Node) int {
 		}
 		note(m)
 		walk(m, func(c proto.Message) bool { note(c); return true })
+		if min >= 0 {
+			break
+		}
 	}
 	return min
 }
@@ -192,4 +296,19 @@ var setReturning = map[string]bool{
 	"pg_get_keywords": true, "pg_tablespace_databases": true, "txid_snapshot_xip": true,
 	"pg_snapshot_xip": true, "ts_stat": true, "ts_debug": true, "ts_parse": true,
 	"ts_token_type": true, "pg_get_catalog_foreign_keys": true,
+}
+
+// constLocations returns the locations of the A_Const nodes of tree.
+func constLocations(tree *pg_query.ParseResult) []int32 {
+	var locs []int32
+	for _, raw := range tree.Stmts {
+		visitChild(raw.Stmt, func(m proto.Message) bool {
+			c, ok := m.(*pg_query.A_Const)
+			if ok {
+				locs = append(locs, c.Location)
+			}
+			return !ok
+		})
+	}
+	return locs
 }

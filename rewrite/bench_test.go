@@ -180,7 +180,7 @@ func BenchmarkParserFloor(b *testing.B) {
 }
 
 // BenchmarkParseTree is the parse tree as the planner gets it: parsed,
-// rendered as JSON, transcoded and unmarshalled.
+// rendered as JSON and decoded into pg_query's structs.
 func BenchmarkParseTree(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {

@@ -2,14 +2,13 @@ package rewrite
 
 import (
 	"errors"
+	"reflect"
 	"strconv"
 	"strings"
 	"unicode/utf8"
 
 	pg_query "github.com/pganalyze/pg_query_go/v6"
 	"github.com/pganalyze/pg_query_go/v6/parser"
-	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
@@ -20,10 +19,10 @@ import (
 // pg_query.Parse has libpg_query render the tree as protobuf and unmarshals
 // that; the C rendering alone costs several times the parse itself.
 // libpg_query's JSON rendering of the same tree is much cheaper, and it
-// follows protobuf's JSON mapping, so transcodeTree turns it into the
-// protobuf encoding, and the same proto.Unmarshal builds the tree. The
-// transcoder accepts only what that renderer writes; anything else sends
-// the text down pg_query.Parse, so the tree never depends on the route.
+// follows protobuf's JSON mapping, so decodeTree builds pg_query's structs
+// from it directly. The decoder accepts only what that renderer writes;
+// anything else sends the text down pg_query.Parse, so the tree never
+// depends on the route.
 func parseTree(sql string) (*pg_query.ParseResult, []int32, error) {
 	js, err := parser.ParseToJSON(sql)
 	if err != nil {
@@ -41,48 +40,39 @@ func parseTree(sql string) (*pg_query.ParseResult, []int32, error) {
 
 // decodeTree reads libpg_query's JSON rendering of a parse tree.
 func decodeTree(js string) (*pg_query.ParseResult, []int32, error) {
-	d := treeDecoder{s: js, buf: make([]byte, 0, len(js))}
+	d := treeDecoder{s: js}
 	tree := &pg_query.ParseResult{}
-	if err := d.message(tree.ProtoReflect().Descriptor()); err != nil {
+	if err := d.message(reflect.ValueOf(tree).Elem()); err != nil {
 		return nil, nil, err
 	}
 	if d.i != len(js) {
 		return nil, nil, errTreeJSON
-	}
-	// Unmarshal checks what the transcoder does not: that strings are
-	// UTF-8, as the protobuf route requires.
-	if err := proto.Unmarshal(d.buf, tree); err != nil {
-		return nil, nil, err
 	}
 	return tree, d.consts, nil
 }
 
 var errTreeJSON = errors.New("rewrite: unexpected parse tree JSON")
 
-// treeDecoder transcodes libpg_query's JSON rendering of a parse tree to
-// protobuf: objects keyed by the fields' JSON names, a Node as an object
-// holding its one set field, enums by name, integers as numbers, and no
-// insignificant space.
+// treeDecoder reads libpg_query's JSON rendering of a parse tree into
+// pg_query's structs: objects keyed by the fields' JSON names, a Node as an
+// object holding its one set field, enums by name, integers as numbers,
+// and no insignificant space.
 type treeDecoder struct {
 	s      string // the JSON
 	i      int    // the cursor in s
-	buf    []byte // the protobuf encoding
 	consts []int32
+	stack  []reflect.Value // elements of the lists being decoded
 }
 
-var (
-	aConst         = (&pg_query.A_Const{}).ProtoReflect().Descriptor()
-	aConstLocation = aConst.Fields().ByName("location").Number()
-)
-
-// message transcodes the fields of one object of type md, without the
-// object's own tag and length.
-func (d *treeDecoder) message(md protoreflect.MessageDescriptor) error {
+// message decodes one object into the generated message struct v.
+func (d *treeDecoder) message(v reflect.Value) error {
 	if !d.consume('{') {
 		return errTreeJSON
 	}
-	fields := md.Fields()
-	isAConst := md == aConst
+	nt := nodeTypes[v.Type()]
+	if nt == nil {
+		return errTreeJSON
+	}
 	for first := true; !d.consume('}'); first = false {
 		if !first && !d.consume(',') {
 			return errTreeJSON
@@ -91,131 +81,115 @@ func (d *treeDecoder) message(md protoreflect.MessageDescriptor) error {
 		if !ok {
 			return errTreeJSON
 		}
-		fd := fields.ByJSONName(key)
-		if fd == nil || fd.IsMap() {
+		f := nt.fields[key]
+		if f == nil {
 			return errTreeJSON
 		}
-		if isAConst && fd.Number() == aConstLocation {
-			start := d.i
-			n, err := strconv.ParseInt(d.number(), 10, 32)
-			if err != nil {
-				return errTreeJSON
-			}
-			d.consts = append(d.consts, int32(n))
-			d.i = start
-		}
-		if err := d.field(fd); err != nil {
+		if err := d.field(v.Field(f.index), f); err != nil {
 			return err
 		}
+	}
+	if nt.aConst {
+		d.consts = append(d.consts, int32(v.Field(nt.location).Int()))
 	}
 	return nil
 }
 
-// field transcodes the value of field fd. A list becomes one field per
-// element, which Unmarshal reads for packed and unpacked fields alike.
-func (d *treeDecoder) field(fd protoreflect.FieldDescriptor) error {
-	if !fd.IsList() {
-		return d.value(fd)
+// field decodes the value of field f into fv.
+func (d *treeDecoder) field(fv reflect.Value, f *jsonField) error {
+	if !f.list {
+		return d.value(fv, f)
 	}
-	if !d.consume('[') {
-		return errTreeJSON
+	if f.kind != protoreflect.MessageKind || !d.consume('[') {
+		return errTreeJSON // no list of scalars occurs in a parse tree
 	}
+	// Collect the elements on a stack shared by all levels, so that each
+	// list is allocated once, at its final length.
+	base := len(d.stack)
 	for first := true; !d.consume(']'); first = false {
 		if !first && !d.consume(',') {
 			return errTreeJSON
 		}
-		if err := d.value(fd); err != nil {
+		m := reflect.New(f.message)
+		if err := d.message(m.Elem()); err != nil {
 			return err
 		}
+		d.stack = append(d.stack, m)
 	}
+	n := len(d.stack) - base
+	if n > 0 {
+		l := reflect.MakeSlice(fv.Type(), n, n)
+		for i, m := range d.stack[base:] {
+			l.Index(i).Set(m)
+		}
+		fv.Set(l)
+	}
+	d.stack = d.stack[:base]
 	return nil
 }
 
-// value transcodes one value of field fd.
-func (d *treeDecoder) value(fd protoreflect.FieldDescriptor) error {
-	num := fd.Number()
-	switch fd.Kind() {
+// value decodes one value of field f into fv.
+func (d *treeDecoder) value(fv reflect.Value, f *jsonField) error {
+	switch f.kind {
 	case protoreflect.MessageKind:
 		if strings.HasPrefix(d.s[d.i:], "null") {
 			d.i += len("null") // an absent message
 			return nil
 		}
-		d.buf = protowire.AppendTag(d.buf, num, protowire.BytesType)
-		// Reserve one byte for the length, the most a small message
-		// needs, and make room for more once the length is known.
-		at := len(d.buf)
-		d.buf = append(d.buf, 0)
-		if err := d.message(fd.Message()); err != nil {
+		m := reflect.New(f.message)
+		if err := d.message(m.Elem()); err != nil {
 			return err
 		}
-		n := len(d.buf) - at - 1
-		if size := protowire.SizeVarint(uint64(n)); size > 1 {
-			d.buf = append(d.buf, make([]byte, size-1)...)
-			copy(d.buf[at+size:], d.buf[at+1:at+1+n])
+		if f.wrapper != nil {
+			// A oneof member: the field is an interface holding a
+			// wrapper struct whose one field is the message.
+			w := reflect.New(f.wrapper)
+			w.Elem().Field(0).Set(m)
+			m = w
 		}
-		protowire.AppendVarint(d.buf[:at], uint64(n))
-		return nil
+		fv.Set(m)
 	case protoreflect.StringKind:
-		d.buf = protowire.AppendTag(d.buf, num, protowire.BytesType)
-		return d.str()
+		s, ok := d.str()
+		if !ok {
+			return errTreeJSON
+		}
+		fv.SetString(s)
 	case protoreflect.BoolKind:
-		var v uint64
 		switch {
 		case strings.HasPrefix(d.s[d.i:], "true"):
 			d.i += len("true")
-			v = 1
+			fv.SetBool(true)
 		case strings.HasPrefix(d.s[d.i:], "false"):
 			d.i += len("false")
+			fv.SetBool(false)
 		default:
 			return errTreeJSON
 		}
-		d.buf = protowire.AppendTag(d.buf, num, protowire.VarintType)
-		d.buf = protowire.AppendVarint(d.buf, v)
-		return nil
 	case protoreflect.EnumKind:
 		name, ok := d.enumName()
 		if !ok {
 			return errTreeJSON
 		}
-		ev := fd.Enum().Values().ByName(protoreflect.Name(name))
-		if ev == nil {
+		n, ok := f.enum[name]
+		if !ok {
 			return errTreeJSON
 		}
-		d.buf = protowire.AppendTag(d.buf, num, protowire.VarintType)
-		d.buf = protowire.AppendVarint(d.buf, uint64(int64(ev.Number())))
-		return nil
-	}
-	var v uint64
-	switch fd.Kind() {
-	case protoreflect.Int32Kind:
-		n, err := strconv.ParseInt(d.number(), 10, 32)
+		fv.SetInt(int64(n))
+	case protoreflect.Int32Kind, protoreflect.Int64Kind:
+		n, err := strconv.ParseInt(d.number(), 10, fv.Type().Bits())
 		if err != nil {
 			return errTreeJSON
 		}
-		v = uint64(n) // negative numbers take ten bytes, as protobuf encodes them
-	case protoreflect.Int64Kind:
-		n, err := strconv.ParseInt(d.number(), 10, 64)
+		fv.SetInt(n)
+	case protoreflect.Uint32Kind, protoreflect.Uint64Kind:
+		n, err := strconv.ParseUint(d.number(), 10, fv.Type().Bits())
 		if err != nil {
 			return errTreeJSON
 		}
-		v = uint64(n)
-	case protoreflect.Uint32Kind:
-		n, err := strconv.ParseUint(d.number(), 10, 32)
-		if err != nil {
-			return errTreeJSON
-		}
-		v = n
-	case protoreflect.Uint64Kind:
-		n, err := strconv.ParseUint(d.number(), 10, 64)
-		if err != nil {
-			return errTreeJSON
-		}
-		v = n
+		fv.SetUint(n)
 	default:
 		return errTreeJSON // no other kind occurs in a parse tree
 	}
-	d.buf = protowire.AppendTag(d.buf, num, protowire.VarintType)
-	d.buf = protowire.AppendVarint(d.buf, v)
 	return nil
 }
 
@@ -253,10 +227,12 @@ func (d *treeDecoder) number() string {
 	return d.s[start:d.i]
 }
 
-// str transcodes a string value to its length and bytes.
-func (d *treeDecoder) str() error {
+// str reads a string value. It must be UTF-8, as the protobuf route
+// requires; the result is a copy, so that a plan keeping a name from the
+// tree does not pin the whole JSON text.
+func (d *treeDecoder) str() (string, bool) {
 	if !d.consume('"') {
-		return errTreeJSON
+		return "", false
 	}
 	// Most strings have no escapes: then the JSON bytes are the string.
 	end := d.i
@@ -264,9 +240,9 @@ func (d *treeDecoder) str() error {
 		end++
 	}
 	if end < len(d.s) && d.s[end] == '"' {
-		d.buf = protowire.AppendString(d.buf, d.s[d.i:end])
+		s := strings.Clone(d.s[d.i:end])
 		d.i = end + 1
-		return nil
+		return s, utf8.ValidString(s)
 	}
 	var b []byte
 	start := d.i
@@ -275,23 +251,22 @@ func (d *treeDecoder) str() error {
 		case c == '"':
 			b = append(b, d.s[start:d.i]...)
 			d.i++
-			d.buf = protowire.AppendBytes(d.buf, b)
-			return nil
+			return string(b), utf8.Valid(b)
 		case c == '\\':
 			b = append(b, d.s[start:d.i]...)
 			r, ok := d.escape()
 			if !ok {
-				return errTreeJSON
+				return "", false
 			}
 			b = append(b, r)
 			start = d.i
 		case c < ' ':
-			return errTreeJSON
+			return "", false
 		default:
 			d.i++
 		}
 	}
-	return errTreeJSON
+	return "", false
 }
 
 // enumName reads an enum value's name: a string without escapes.

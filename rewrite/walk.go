@@ -2,12 +2,9 @@ package rewrite
 
 import (
 	"reflect"
-	"strings"
 
 	pg_query "github.com/pganalyze/pg_query_go/v6"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
-	"google.golang.org/protobuf/reflect/protoregistry"
 )
 
 // The parse tree has a few hundred node types. The planner handles the
@@ -17,10 +14,9 @@ import (
 //
 // The walk reads the Go structs protoc-gen-go generates through package
 // reflect rather than through protoreflect: it needs only the
-// message-valued fields, found once per type from the field descriptors
-// and struct tags, and reflect reads a pointer or a slice without the
-// allocations of protoreflect's Get. A test compares it with a walk
-// through protoreflect over every node type.
+// message-valued fields (see nodeType), and reflect reads a pointer or a
+// slice without the allocations of protoreflect's Get. A test compares it
+// with a walk through protoreflect over every node type.
 
 // unwrap returns the concrete message inside a Node, or m itself.
 func unwrap(m proto.Message) proto.Message {
@@ -45,7 +41,7 @@ func walk(m proto.Message, visit func(proto.Message) bool, skip ...string) {
 		return
 	}
 	v = v.Elem()
-	for _, f := range infoOf(v.Type()).children {
+	for _, f := range nodeTypeOf(v.Type()).children {
 		if skipped(f.name, skip) {
 			continue
 		}
@@ -89,93 +85,6 @@ func visitChild(m proto.Message, visit func(proto.Message) bool) {
 	}
 }
 
-// msgInfo is what the walks need to know of a generated message struct.
-type msgInfo struct {
-	children []childField // message-valued fields, in field order
-	location int          // index of the int32 location field, or -1
-}
-
-// childField is a message-valued field: a pointer, a slice of pointers, or
-// a oneof (an interface holding a wrapper struct whose one field is the
-// message).
-type childField struct {
-	name  string // the proto field's name, or the oneof's
-	index int    // the Go struct field
-	list  bool
-	oneof bool
-}
-
-// msgInfos holds the msgInfo of every message type of pg_query's parse
-// tree; it is not written after initialisation.
-var msgInfos = func() map[reflect.Type]*msgInfo {
-	msgs := (&pg_query.Node{}).ProtoReflect().Descriptor().ParentFile().Messages()
-	infos := make(map[reflect.Type]*msgInfo, msgs.Len())
-	for i := 0; i < msgs.Len(); i++ {
-		mt, err := protoregistry.GlobalTypes.FindMessageByName(msgs.Get(i).FullName())
-		if err != nil {
-			panic(err) // pg_query registers every message type of its file
-		}
-		t := reflect.TypeOf(mt.Zero().Interface()).Elem()
-		infos[t] = newMsgInfo(t, msgs.Get(i))
-	}
-	return infos
-}()
-
-// newMsgInfo matches the fields of md with those of its Go struct t by the
-// names in the struct tags.
-func newMsgInfo(t reflect.Type, md protoreflect.MessageDescriptor) *msgInfo {
-	info := &msgInfo{location: -1}
-	messages := reflect.TypeFor[proto.Message]()
-	for i := 0; i < t.NumField(); i++ {
-		sf := t.Field(i)
-		if name, ok := sf.Tag.Lookup("protobuf_oneof"); ok {
-			od := md.Oneofs().ByName(protoreflect.Name(name))
-			if od != nil && od.Fields().Len() > 0 && od.Fields().Get(0).Kind() == protoreflect.MessageKind {
-				info.children = append(info.children, childField{name: name, index: i, oneof: true})
-			}
-			continue
-		}
-		fd := md.Fields().ByName(protoreflect.Name(tagName(sf.Tag.Get("protobuf"))))
-		switch {
-		case fd == nil:
-		case fd.Kind() == protoreflect.MessageKind && !fd.IsMap():
-			info.children = append(info.children, childField{name: string(fd.Name()), index: i, list: fd.IsList()})
-		case fd.Name() == "location" && sf.Type.Kind() == reflect.Int32:
-			info.location = i
-		}
-	}
-	for _, c := range info.children {
-		ft := t.Field(c.index).Type
-		if c.list {
-			ft = ft.Elem()
-		}
-		if !c.oneof && !ft.Implements(messages) {
-			panic("rewrite: field " + c.name + " of " + t.Name() + " is not a message")
-		}
-	}
-	return info
-}
-
-// tagName returns the name= entry of a protobuf struct tag.
-func tagName(tag string) string {
-	for _, part := range strings.Split(tag, ",") {
-		if name, ok := strings.CutPrefix(part, "name="); ok {
-			return name
-		}
-	}
-	return ""
-}
-
-// infoOf returns the msgInfo of the generated message struct t.
-func infoOf(t reflect.Type) *msgInfo {
-	if info, ok := msgInfos[t]; ok {
-		return info
-	}
-	// Not a parse tree type: find its fields the slow way.
-	md := reflect.New(t).Interface().(proto.Message).ProtoReflect().Descriptor()
-	return newMsgInfo(t, md)
-}
-
 // minLocation returns the smallest location field in the messages below
 // and including nodes, or -1. The nodes are in textual order (the rows of
 // a VALUES list), and a node's locations lie in its own text, so the first
@@ -185,7 +94,7 @@ func minLocation(nodes []*pg_query.Node) int {
 	min := -1
 	note := func(m proto.Message) {
 		v := reflect.ValueOf(m).Elem()
-		if i := infoOf(v.Type()).location; i >= 0 {
+		if i := nodeTypeOf(v.Type()).location; i >= 0 {
 			if loc := int(v.Field(i).Int()); loc >= 0 && (min < 0 || loc < min) {
 				min = loc
 			}

@@ -47,6 +47,10 @@ type conn struct {
 	told     atomic.Bool   // the proxy has sent the client its own final error
 
 	sess sessionState // statement map and request cycles; used only when rewriting
+
+	// loop is the event loop session while a loop serves the connection; client and
+	// upstream then hold placeholders, and everything happens on the loop's goroutine.
+	loop atomic.Pointer[loopSession]
 }
 
 func newConnState(s *Server, nc net.Conn) *conn {
@@ -58,7 +62,12 @@ func newConnState(s *Server, nc net.Conn) *conn {
 
 // serve runs the connection from startup to close.
 func (c *conn) serve() {
-	defer c.close()
+	adopted := false
+	defer func() {
+		if !adopted {
+			c.close()
+		}
+	}()
 	defer func() {
 		// A bug in the relay must cost one connection, not the process.
 		if r := recover(); r != nil {
@@ -101,7 +110,9 @@ func (c *conn) serve() {
 	_ = c.client.SetDeadline(noDeadline)
 	_ = c.upstream.SetDeadline(noDeadline)
 	c.log.Debug("session started")
-	c.relay()
+	if adopted = s.adopt(c); !adopted {
+		c.relay()
+	}
 }
 
 // negotiate answers SSLRequest and GSSENCRequest, serves a CancelRequest, and returns the
@@ -252,6 +263,10 @@ func (c *conn) setCancelKey(key string) {
 // closeIfIdle ends the session when it is between transactions with nothing outstanding,
 // telling the client why. Used by Shutdown.
 func (c *conn) closeIfIdle() {
+	if ls := c.loop.Load(); ls != nil {
+		ls.requestCloseIfIdle()
+		return
+	}
 	if c.txStatus.Load() != 'I' || c.pending.Load() != 0 {
 		return
 	}

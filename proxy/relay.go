@@ -40,32 +40,44 @@ func (c *conn) isClosed() bool {
 	return c.closed
 }
 
-// relayToUpstream forwards client messages until the client leaves. Writes are batched:
-// the upstream buffer is flushed only when no further client input is already buffered,
-// so a pipeline of messages travels in as few writes as possible.
+// relayToUpstream forwards client messages until the client leaves.
 func (c *conn) relayToUpstream() error {
-	for {
-		typ, n, err := c.cr.next()
-		if err != nil {
-			return c.clientReadFailed(err)
-		}
-		err = c.fromClient(typ, n)
-		if err == nil && (typ == 'X' || c.cr.br.Buffered() == 0) {
-			if err = c.uw.Flush(); err != nil {
-				err = writeError{err}
-			}
-		}
-		if err != nil {
-			var we writeError
-			if errors.As(err, &we) {
-				c.tellClient(codeConnectionFailure, "server closed the connection unexpectedly")
-			}
+	if c.uw.Buffered() > 0 {
+		// Output left over from an event loop that handed the session over.
+		if err := c.uw.Flush(); err != nil {
 			return err
 		}
-		if typ == 'X' {
-			return nil
+	}
+	for {
+		if done, err := c.clientStep(); done {
+			return err
 		}
 	}
+}
+
+// clientStep handles the next client message, reporting done when the client side has
+// ended (Terminate, end of stream or an error). Writes are batched: the upstream buffer
+// is flushed only when no further client input is already buffered, so a pipeline of
+// messages travels in as few writes as possible.
+func (c *conn) clientStep() (done bool, err error) {
+	typ, n, err := c.cr.next()
+	if err != nil {
+		return true, c.clientReadFailed(err)
+	}
+	err = c.fromClient(typ, n)
+	if err == nil && (typ == 'X' || c.cr.br.Buffered() == 0) {
+		if err = c.uw.Flush(); err != nil {
+			err = writeError{err}
+		}
+	}
+	if err != nil {
+		var we writeError
+		if errors.As(err, &we) {
+			c.tellClient(codeConnectionFailure, "server closed the connection unexpectedly")
+		}
+		return true, err
+	}
+	return typ == 'X', nil
 }
 
 // fromClient handles one client message whose header has been read. Messages that start
@@ -118,6 +130,10 @@ const (
 // most: closing a socket with unread input resets the connection, and the reset can
 // destroy the error the client has not read yet.
 func (c *conn) drainClient() {
+	if ls := c.loop.Load(); ls != nil {
+		ls.startDrain()
+		return
+	}
 	if cw, ok := c.client.(interface{ CloseWrite() error }); ok {
 		_ = cw.CloseWrite()
 	}
@@ -146,29 +162,41 @@ func (c *conn) tellClient(code, message string) {
 	_ = c.cw.Flush()
 }
 
-// relayToClient forwards upstream messages until the upstream connection ends. The client
-// buffer is flushed when no further upstream input is buffered.
+// relayToClient forwards upstream messages until the upstream connection ends.
 func (c *conn) relayToClient() error {
+	c.cwMu.Lock()
+	err := c.cw.Flush() // output left over from an event loop, if any
+	c.cwMu.Unlock()
+	if err != nil {
+		return err
+	}
 	for {
-		typ, n, err := c.ur.next()
-		if err != nil {
-			return c.upstreamReadFailed(err)
-		}
-		c.cwMu.Lock()
-		sawFatal, err := c.fromUpstream(typ, n)
-		if err == nil && c.ur.br.Buffered() == 0 {
-			err = c.cw.Flush()
-		}
-		c.cwMu.Unlock()
-		if err != nil {
+		if done, err := c.upstreamStep(); done {
 			return err
 		}
-		if sawFatal {
-			// The backend ends the session after a FATAL; so does the proxy, once the
-			// error has reached the client.
-			return nil
-		}
 	}
+}
+
+// upstreamStep handles the next upstream message, reporting done when the upstream side
+// has ended (after a FATAL error, at the end of the stream or on an error). The client
+// buffer is flushed when no further upstream input is buffered.
+func (c *conn) upstreamStep() (done bool, err error) {
+	typ, n, err := c.ur.next()
+	if err != nil {
+		return true, c.upstreamReadFailed(err)
+	}
+	c.cwMu.Lock()
+	sawFatal, err := c.fromUpstream(typ, n)
+	if err == nil && c.ur.br.Buffered() == 0 {
+		err = c.cw.Flush()
+	}
+	c.cwMu.Unlock()
+	if err != nil {
+		return true, err
+	}
+	// The backend ends the session after a FATAL; so does the proxy, once the error has
+	// reached the client.
+	return sawFatal, nil
 }
 
 // fromUpstream handles one upstream message whose header has been read, reporting whether

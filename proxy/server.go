@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -71,6 +72,17 @@ type Server struct {
 	// IDs supplies the IDs the rewritten statements need; required with Rewriter.
 	IDs IDSource
 
+	// GoroutineRelay serves every session with a pair of goroutines, one per direction.
+	// By default a session whose two connections are plain TCP or Unix sockets (no TLS)
+	// is served by an event loop, one per processor, which costs less CPU per message;
+	// the rewriting proxy always uses goroutines.
+	GoroutineRelay bool
+	// EventLoops is the number of event loops; zero means one per four processors
+	// (GOMAXPROCS), at least one. A loop sleeps and wakes less often the more sessions
+	// it serves, which is where it saves CPU; one loop relays tens of thousands of
+	// transactions a second.
+	EventLoops int
+
 	// Logger receives connection-level events (never per-query ones at Info or above);
 	// nil means logrus's standard logger.
 	Logger logrus.FieldLogger
@@ -95,6 +107,7 @@ type Server struct {
 	sessions   atomic.Int64 // clients past the startup packet, counted against MaxClientConns
 	nextID     atomic.Uint64
 	cancels    cancelRegistry
+	loops      loopGroup
 }
 
 func (s *Server) logger() logrus.FieldLogger {
@@ -332,4 +345,11 @@ func (s *Server) connCount() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.conns)
+}
+
+func (s *Server) eventLoops() int {
+	if s.EventLoops > 0 {
+		return s.EventLoops
+	}
+	return max(1, runtime.GOMAXPROCS(0)/4)
 }

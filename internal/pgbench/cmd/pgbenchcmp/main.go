@@ -61,6 +61,7 @@ func run() error {
 	rounds := flag.Int("rounds", 3, "runs per row, endpoints interleaved; the median is reported")
 	leaf := flag.Bool("leaf", true, "add the ID rows: leaf_next vs nextval, filled INSERT vs bigserial")
 	noBouncer := flag.Bool("no-pgbouncer", false, "leave PgBouncer out")
+	goroutines := flag.Bool("goroutine-relay", false, "add a select-only row for the proxy with an event loop turned off (a goroutine pair per session)")
 	only := flag.String("groups", "", "comma-separated groups to run (select-only, select-only-unix, next-id, insert, insert-durable); empty runs all")
 	unixSocket := flag.Bool("unix", true, "add a select-only group in which the proxy and PgBouncer reach the server over its Unix socket")
 	durable := flag.Bool("durable", true, "add an insert group on a server with fsync, synchronous_commit and full_page_writes on (changed with ALTER SYSTEM for the group, then reset)")
@@ -101,7 +102,7 @@ func run() error {
 		return fmt.Errorf("pgbench -i: %w\n%s", err, out)
 	}
 
-	endpoints, stopHops, err := selectOnly(ctx, dbURL, "", !*noBouncer)
+	endpoints, stopHops, err := selectOnly(ctx, dbURL, "", !*noBouncer, *goroutines)
 	if err != nil {
 		return err
 	}
@@ -112,7 +113,7 @@ func run() error {
 		if err != nil {
 			return err
 		}
-		unixEndpoints, stopUnix, err := selectOnly(ctx, dbURL, dir, !*noBouncer)
+		unixEndpoints, stopUnix, err := selectOnly(ctx, dbURL, dir, !*noBouncer, *goroutines)
 		if err != nil {
 			return err
 		}
@@ -154,7 +155,7 @@ func run() error {
 // in front of the database of dbURL and returns the group's endpoints, the database
 // itself first. A non-empty socketDir makes the hops reach the server through its Unix
 // socket there.
-func selectOnly(ctx context.Context, dbURL, socketDir string, bouncer bool) ([]pgbench.Endpoint, func(), error) {
+func selectOnly(ctx context.Context, dbURL, socketDir string, bouncer, goroutines bool) ([]pgbench.Endpoint, func(), error) {
 	upstream := ""
 	if socketDir != "" {
 		port, err := serverPort(dbURL)
@@ -174,6 +175,21 @@ func selectOnly(ctx context.Context, dbURL, socketDir string, bouncer bool) ([]p
 	endpoints := []pgbench.Endpoint{
 		{Name: "direct", URL: dbURL, Args: []string{"-S"}},
 		{Name: "proxy", URL: proxyURL, Args: []string{"-S"}, CPU: pgbench.SelfCPU},
+	}
+	if goroutines {
+		url, stop, err := serveProxy(dbURL, func(s *proxy.Server) {
+			s.GoroutineRelay = true
+			if upstream != "" {
+				s.Upstream = upstream
+			}
+		})
+		if err != nil {
+			stopProxy()
+			return nil, nil, err
+		}
+		prev := stopProxy
+		stopProxy = func() { stop(); prev() }
+		endpoints = append(endpoints, pgbench.Endpoint{Name: "proxy goroutines", URL: url, Args: []string{"-S"}, CPU: pgbench.SelfCPU})
 	}
 	if !bouncer {
 		return endpoints, stopProxy, nil

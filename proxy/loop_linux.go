@@ -1,0 +1,306 @@
+//go:build linux
+
+package proxy
+
+import (
+	"encoding/binary"
+	"runtime"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// An event loop serves many sessions from one goroutine: it waits on an epoll set that
+// holds the sockets of its sessions, reads what has arrived, runs the same message
+// handlers as the goroutine relay over it, and writes the results without blocking.
+// Compared with two goroutines per session it saves, per round trip, the reads that find
+// no data and the scheduler's park and wake-up of both goroutines. That is the proxy's
+// main cost, since PostgreSQL's messages are small.
+//
+// The loop's epoll set is level-triggered: a socket is read once per readiness, and a
+// side that may not be read (its output is backed up) is taken out of the set until the
+// output has drained.
+
+// loopToken identifies a socket in an event loop's epoll set. Tokens are never reused
+// within a loop, so an event for a socket closed meanwhile finds nothing.
+type loopToken = uint32
+
+// wakeToken is the token of the loop's own eventfd, written to when work is posted.
+const wakeToken loopToken = 0
+
+// loopIdleWait is how often a loop with a pending deadline looks at its clock.
+const loopIdleWait = 100 * time.Millisecond
+
+// loopGroup is a server's set of event loops, at most one per processor. A loop starts
+// with its first session and stops when its last one ends, so an idle server holds none.
+type loopGroup struct {
+	mu    sync.Mutex
+	loops []*eventLoop // nil where no loop runs
+}
+
+// assign picks the loop for a new session, starting one on a free processor slot first.
+func (g *loopGroup) assign(n int) (*eventLoop, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.loops == nil {
+		g.loops = make([]*eventLoop, n)
+	}
+	best := -1
+	for i, l := range g.loops {
+		if l == nil {
+			best = i
+			break
+		}
+		if best < 0 || l.sessions < g.loops[best].sessions {
+			best = i
+		}
+	}
+	l := g.loops[best]
+	if l == nil {
+		var err error
+		if l, err = newEventLoop(g, best); err != nil {
+			return nil, err
+		}
+		g.loops[best] = l
+		go l.run()
+	}
+	l.sessions++
+	return l, nil
+}
+
+// release gives back a session's place in l, stopping l when it was the last.
+func (g *loopGroup) release(l *eventLoop) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	l.sessions--
+	if l.sessions == 0 {
+		g.loops[l.slot] = nil
+		l.stop()
+	}
+}
+
+// eventLoop is one goroutine and its epoll set.
+type eventLoop struct {
+	group    *loopGroup
+	slot     int
+	sessions int // assigned sessions, registered or about to be; under group.mu
+
+	epfd   int
+	wakefd int
+
+	mu      sync.Mutex // guards posted, woken and stopped, and the eventfd against its close
+	posted  []func()
+	woken   bool
+	stopped bool
+
+	// Used by the loop's goroutine only.
+	ends      map[loopToken]*loopEnd
+	lastToken loopToken
+	again     []*loopSession            // sessions that ran out of budget with work left
+	timed     map[*loopSession]struct{} // sessions waiting for a deadline
+}
+
+func newEventLoop(g *loopGroup, slot int) (*eventLoop, error) {
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, err
+	}
+	wakefd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		unix.Close(epfd)
+		return nil, err
+	}
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(wakeToken)}
+	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, wakefd, &ev); err != nil {
+		unix.Close(epfd)
+		unix.Close(wakefd)
+		return nil, err
+	}
+	return &eventLoop{
+		group: g, slot: slot, epfd: epfd, wakefd: wakefd,
+		ends:  make(map[loopToken]*loopEnd),
+		timed: make(map[*loopSession]struct{}),
+	}, nil
+}
+
+// post runs f on the loop's goroutine. Work posted to a stopped loop is dropped: a loop
+// stops only when it has no session left that the work could concern.
+func (l *eventLoop) post(f func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stopped {
+		return
+	}
+	l.posted = append(l.posted, f)
+	if !l.woken {
+		l.woken = true
+		// Written under mu so that the eventfd cannot be closed (and its number reused)
+		// in between.
+		var one [8]byte
+		binary.NativeEndian.PutUint64(one[:], 1)
+		_, _ = unix.Write(l.wakefd, one[:])
+	}
+}
+
+func (l *eventLoop) stop() {
+	l.mu.Lock()
+	l.stopped = true
+	l.mu.Unlock()
+}
+
+func (l *eventLoop) isStopped() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.stopped
+}
+
+// takePosted returns the work posted since the last call and re-arms the wake-up.
+func (l *eventLoop) takePosted() []func() {
+	var buf [8]byte
+	_, _ = unix.Read(l.wakefd, buf[:])
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.woken = false
+	work := l.posted
+	l.posted = nil
+	return work
+}
+
+func (l *eventLoop) run() {
+	// The loop's thread spends its idle time in epoll_wait; keeping it to itself spares
+	// the runtime a hand-off of the thread at every wake-up.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	defer l.destroy()
+	events := make([]unix.EpollEvent, 128)
+	for !l.isStopped() {
+		timeout := -1
+		switch {
+		case len(l.again) > 0:
+			timeout = 0
+		case len(l.timed) > 0:
+			timeout = int(loopIdleWait / time.Millisecond)
+		}
+		n, err := unix.EpollWait(l.epfd, events, timeout)
+		if err != nil && err != unix.EINTR {
+			// Not expected with a valid epoll descriptor; end the sessions rather
+			// than spin.
+			l.failAll()
+			continue
+		}
+		for _, ev := range events[:max(n, 0)] {
+			if loopToken(ev.Fd) == wakeToken {
+				for _, f := range l.takePosted() {
+					f()
+				}
+				continue
+			}
+			if end := l.ends[loopToken(ev.Fd)]; end != nil {
+				end.ls.event(end, ev.Events)
+			}
+		}
+		l.runAgain()
+		l.checkDeadlines()
+	}
+}
+
+// runAgain gives the sessions that used up their budget another turn, after every other
+// ready session has had one.
+func (l *eventLoop) runAgain() {
+	again := l.again
+	l.again = nil
+	for _, ls := range again {
+		ls.queued = false
+		ls.process()
+	}
+	clear(again)
+	if l.again == nil {
+		l.again = again[:0]
+	}
+}
+
+func (l *eventLoop) checkDeadlines() {
+	if len(l.timed) == 0 {
+		return
+	}
+	now := time.Now()
+	for ls := range l.timed {
+		if now.After(ls.deadline) {
+			ls.end()
+		}
+	}
+}
+
+// failAll ends every session of the loop.
+func (l *eventLoop) failAll() {
+	seen := make(map[*loopSession]bool)
+	for _, end := range l.ends {
+		if !seen[end.ls] {
+			seen[end.ls] = true
+		}
+	}
+	for ls := range seen {
+		ls.end()
+	}
+}
+
+// destroy closes the loop's descriptors once it has stopped. Sessions that were never
+// registered cannot exist: the loop stops only when its last session has gone.
+func (l *eventLoop) destroy() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.stopped = true
+	l.posted = nil
+	unix.Close(l.epfd)
+	unix.Close(l.wakefd)
+}
+
+// add registers a socket with the loop and returns its token.
+func (l *eventLoop) add(end *loopEnd) error {
+	l.lastToken++
+	if l.lastToken == wakeToken {
+		l.lastToken++
+	}
+	end.token = l.lastToken
+	end.events = unix.EPOLLIN
+	ev := unix.EpollEvent{Events: end.events, Fd: int32(end.token)}
+	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, end.fd, &ev); err != nil {
+		return err
+	}
+	end.watched = true
+	l.ends[end.token] = end
+	return nil
+}
+
+// watch brings the epoll registration of end in line with the events wanted. A socket
+// that has hung up is reported whatever its mask says, so one that may not be read is
+// taken out of the set altogether until it may.
+func (l *eventLoop) watch(end *loopEnd, want uint32) {
+	switch {
+	case end.hup && want&unix.EPOLLIN == 0 && want&unix.EPOLLOUT == 0:
+		if end.watched {
+			_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, end.fd, nil)
+			end.watched = false
+		}
+	case !end.watched:
+		ev := unix.EpollEvent{Events: want, Fd: int32(end.token)}
+		if unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, end.fd, &ev) == nil {
+			end.watched, end.events = true, want
+		}
+	case end.events != want:
+		ev := unix.EpollEvent{Events: want, Fd: int32(end.token)}
+		if unix.EpollCtl(l.epfd, unix.EPOLL_CTL_MOD, end.fd, &ev) == nil {
+			end.events = want
+		}
+	}
+}
+
+// remove takes a socket out of the loop for good; it does not close it.
+func (l *eventLoop) remove(end *loopEnd) {
+	if end.watched {
+		_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, end.fd, nil)
+		end.watched = false
+	}
+	delete(l.ends, end.token)
+}

@@ -1,0 +1,14 @@
+//go:build !linux
+
+package proxy
+
+// Event loops need epoll; elsewhere every session has a goroutine pair.
+
+type loopGroup struct{}
+
+type loopSession struct{}
+
+func (s *Server) adopt(*conn) bool { return false }
+
+func (*loopSession) startDrain()         {}
+func (*loopSession) requestCloseIfIdle() {}

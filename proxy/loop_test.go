@@ -1,0 +1,182 @@
+//go:build linux
+
+package proxy
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/leafproxy/leafproxy/internal/testenv"
+)
+
+// loopStates returns, for every session the server holds, whether an event loop serves it.
+func loopStates(s *Server) []bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var states []bool
+	for c := range s.conns {
+		states = append(states, c.loop.Load() != nil)
+	}
+	return states
+}
+
+// runningLoops counts the server's event loops.
+func runningLoops(s *Server) int {
+	s.loops.mu.Lock()
+	defer s.loops.mu.Unlock()
+	n := 0
+	for _, l := range s.loops.loops {
+		if l != nil {
+			n++
+		}
+	}
+	return n
+}
+
+// TestLoopServesPlainSessions checks which sessions event loops take: plain TCP sessions
+// by default, not TLS ones and none with GoroutineRelay; and that loops stop with their
+// last session.
+func TestLoopServesPlainSessions(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	cfg, caFile := proxyCertificate(t)
+	tests := []struct {
+		name     string
+		url      func(p *testProxy) string
+		relay    bool // GoroutineRelay
+		wantLoop bool
+	}{
+		{"plain", func(p *testProxy) string { return p.url(db) }, false, true},
+		{"client TLS", func(p *testProxy) string { return withTLS(p.url(db), "require", caFile) }, false, false},
+		{"goroutine relay", func(p *testProxy) string { return p.url(db) }, true, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := startProxy(t, db, func(s *Server) {
+				s.TLSConfig = cfg
+				s.GoroutineRelay = tt.relay
+				s.EventLoops = 2
+			})
+			ctx := testContext(t)
+			conns := make([]*pgx.Conn, 3)
+			for i := range conns {
+				conns[i] = connect(t, tt.url(p))
+				var n int
+				if err := conns[i].QueryRow(ctx, "SELECT $1::int + 1", i).Scan(&n); err != nil || n != i+1 {
+					t.Fatalf("query: %d, %v", n, err)
+				}
+			}
+			for _, onLoop := range loopStates(p.srv) {
+				if onLoop != tt.wantLoop {
+					t.Fatalf("sessions on a loop: %v, want all %v", loopStates(p.srv), tt.wantLoop)
+				}
+			}
+			wantLoops := 0
+			if tt.wantLoop {
+				wantLoops = 2 // three sessions spread over both loops
+			}
+			if n := runningLoops(p.srv); n != wantLoops {
+				t.Fatalf("%d loops running, want %d", n, wantLoops)
+			}
+			for _, c := range conns {
+				c.Close(ctx)
+			}
+			waitFor(t, 10*time.Second, "loops to stop with their sessions", func() error {
+				if n := runningLoops(p.srv); n != 0 {
+					return fmt.Errorf("%d loops still running", n)
+				}
+				return nil
+			})
+		})
+	}
+}
+
+// TestLoopHandsLargeMessagesToGoroutines sends a message larger than a loop holds in the
+// middle of a pipeline: the session moves to goroutines with its buffered input and
+// output, and every result arrives in order.
+func TestLoopHandsLargeMessagesToGoroutines(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p := startProxy(t, db)
+	ctx := testContext(t)
+	conn := connect(t, p.url(db))
+	if states := loopStates(p.srv); len(states) != 1 || !states[0] {
+		t.Fatalf("session not on a loop: %v", states)
+	}
+	big := strings.Repeat("x", loopMaxMessage+1)
+	batch := &pgx.Batch{}
+	batch.Queue("SELECT 1")
+	batch.Queue("SELECT length($1::text)", big)
+	batch.Queue("SELECT 3")
+	results := conn.SendBatch(ctx, batch)
+	for i, want := range []int{1, len(big), 3} {
+		var got int
+		if err := results.QueryRow().Scan(&got); err != nil || got != want {
+			t.Fatalf("result %d: %d, %v; want %d", i, got, err, want)
+		}
+	}
+	if err := results.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if states := loopStates(p.srv); len(states) != 1 || states[0] {
+		t.Fatalf("session still on a loop after a %d-byte message", len(big))
+	}
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT 42").Scan(&n); err != nil || n != 42 {
+		t.Fatalf("query after the hand-off: %d, %v", n, err)
+	}
+}
+
+// TestLoopSlowReader has one client read a large result slowly while another client,
+// served by the same loop, keeps querying: the slow one's backed-up output must neither
+// stall the loop nor lose or reorder a byte.
+func TestLoopSlowReader(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p := startProxy(t, db, func(s *Server) { s.EventLoops = 1 })
+	ctx := testContext(t)
+	slow := connect(t, p.url(db))
+	busy := connect(t, p.url(db))
+	if runningLoops(p.srv) != 1 {
+		t.Fatalf("%d loops, want 1", runningLoops(p.srv))
+	}
+
+	const rows, width = 20000, 1000 // 20 MB, far beyond the socket buffers
+	rr := slow.PgConn().ExecParams(ctx,
+		"SELECT i, repeat(chr(65 + i % 26), $1) FROM generate_series(1, $2) AS i",
+		[][]byte{[]byte(itoa(width)), []byte(itoa(rows))}, nil, nil, nil)
+	queried := make(chan error, 1)
+	go func() {
+		// Runs while the slow reader holds the loop's output back.
+		for i := range 200 {
+			var n int
+			if err := busy.QueryRow(ctx, "SELECT $1::int", i).Scan(&n); err != nil || n != i {
+				queried <- fmt.Errorf("busy query %d: %d, %v", i, n, err)
+				return
+			}
+		}
+		queried <- nil
+	}()
+	seen := 0
+	for rr.NextRow() {
+		seen++
+		vals := rr.Values()
+		want := strings.Repeat(string(rune(65+seen%26)), width)
+		if string(vals[0]) != itoa(seen) || string(vals[1]) != want {
+			t.Fatalf("row %d: %q, %d bytes", seen, vals[0], len(vals[1]))
+		}
+		if seen%2000 == 0 {
+			time.Sleep(20 * time.Millisecond) // a slow consumer, not a wait for a condition
+		}
+	}
+	if _, err := rr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if seen != rows {
+		t.Fatalf("%d rows, want %d", seen, rows)
+	}
+	if err := <-queried; err != nil {
+		t.Fatal(err)
+	}
+}

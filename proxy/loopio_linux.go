@@ -1,0 +1,218 @@
+//go:build linux
+
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// errWouldBlock is what a loop session's sockets return when no data is at hand; the
+// loop then waits for the socket to become ready.
+var errWouldBlock = errors.New("no data ready")
+
+// fdSource reads a non-blocking socket for a bufio.Reader: first the bytes carried over
+// from before (prefix), then the socket, at most once per readiness the loop reported.
+// Reading only what epoll announced spares the read that would find nothing.
+type fdSource struct {
+	fd       int
+	prefix   []byte
+	readable bool
+}
+
+func (s *fdSource) Read(p []byte) (int, error) {
+	if len(s.prefix) > 0 {
+		n := copy(p, s.prefix)
+		s.prefix = s.prefix[n:]
+		if len(s.prefix) == 0 {
+			s.prefix = nil
+		}
+		return n, nil
+	}
+	if !s.readable {
+		return 0, errWouldBlock
+	}
+	for {
+		n, err := unix.Read(s.fd, p)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			s.readable = false
+			return 0, errWouldBlock
+		case err != nil:
+			return 0, &net.OpError{Op: "read", Net: "loop", Err: os.NewSyscallError("read", err)}
+		case n == 0:
+			return 0, io.EOF
+		}
+		if n < len(p) {
+			// The socket is probably empty now; the level-triggered epoll set says
+			// so if it is not.
+			s.readable = false
+		}
+		return n, nil
+	}
+}
+
+// fdSink writes to a non-blocking socket for a bufio.Writer. It never fails: what the
+// socket does not take now is kept in pending for the loop to write when the socket is
+// writable, and an error is kept in err for the loop to act on. A bufio.Writer stops for
+// good at its writer's first error or short write, so neither may reach it.
+type fdSink struct {
+	fd      int
+	pending []byte
+	err     error
+}
+
+func (s *fdSink) Write(p []byte) (int, error) {
+	if s.err != nil {
+		return len(p), nil
+	}
+	if len(s.pending) > 0 {
+		s.pending = append(s.pending, p...)
+		return len(p), nil
+	}
+	written := s.write(p)
+	if written < len(p) && s.err == nil {
+		s.pending = append(s.pending, p[written:]...)
+	}
+	return len(p), nil
+}
+
+// write writes p until the socket takes no more, returning how much it took.
+func (s *fdSink) write(p []byte) int {
+	written := 0
+	for written < len(p) {
+		n, err := unix.Write(s.fd, p[written:])
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			return written
+		case err != nil:
+			s.err = err
+			return written
+		}
+		written += n
+	}
+	return written
+}
+
+// flush writes what is pending, as far as the socket takes it.
+func (s *fdSink) flush() {
+	if len(s.pending) == 0 || s.err != nil {
+		return
+	}
+	n := s.write(s.pending)
+	rest := copy(s.pending, s.pending[n:])
+	s.pending = s.pending[:rest]
+}
+
+// shrink drops a large pending buffer once it is empty.
+func (s *fdSink) shrink() {
+	if len(s.pending) == 0 && cap(s.pending) > loopOutputLimit {
+		s.pending = nil
+	}
+}
+
+// loopConn stands in for a socket an event loop owns, in the fields of conn that hold the
+// connections: closing it asks the loop to end the session; nothing else may use it.
+type loopConn struct {
+	ls            *loopSession
+	local, remote net.Addr
+}
+
+func (lc *loopConn) Read([]byte) (int, error)         { return 0, errLoopOwned }
+func (lc *loopConn) Write([]byte) (int, error)        { return 0, errLoopOwned }
+func (lc *loopConn) Close() error                     { lc.ls.loop.post(lc.ls.teardown); return nil }
+func (lc *loopConn) LocalAddr() net.Addr              { return lc.local }
+func (lc *loopConn) RemoteAddr() net.Addr             { return lc.remote }
+func (lc *loopConn) SetDeadline(time.Time) error      { return nil }
+func (lc *loopConn) SetReadDeadline(time.Time) error  { return nil }
+func (lc *loopConn) SetWriteDeadline(time.Time) error { return nil }
+
+// handOff moves the session from the loop to a goroutine pair, for a message larger
+// than a loop holds: the goroutines stream it. Input already read and output not yet
+// written carry over.
+func (ls *loopSession) handOff() {
+	c, l := ls.c, ls.loop
+	ls.flushWriters()
+	ls.dead = true
+	l.remove(&ls.client)
+	l.remove(&ls.upstream)
+	delete(l.timed, ls)
+	client, cerr := fileConn(ls.client.fd)
+	upstream, uerr := fileConn(ls.upstream.fd)
+	l.group.release(l)
+	if cerr != nil || uerr != nil {
+		for _, nc := range []net.Conn{client, upstream} {
+			if nc != nil {
+				nc.Close()
+			}
+		}
+		c.log.WithError(errors.Join(cerr, uerr)).Warn("cannot hand the session to goroutines")
+		c.close()
+		return
+	}
+	c.cwMu.Lock()
+	c.cr.br = carryOver(c.cr.br, &ls.client.src, client)
+	c.ur.br = carryOver(c.ur.br, &ls.upstream.src, upstream)
+	c.cw = writerWith(client, ls.client.sink.pending)
+	c.uw = writerWith(upstream, ls.upstream.sink.pending)
+	c.cwMu.Unlock()
+
+	c.mu.Lock()
+	closed := c.closed
+	if !closed {
+		c.client, c.upstream = client, upstream
+		c.loop.Store(nil)
+	}
+	c.mu.Unlock()
+	if closed {
+		client.Close()
+		upstream.Close()
+		return
+	}
+	c.log.Debug("session handed from its event loop to goroutines for a large message")
+	go func() {
+		defer c.close()
+		defer func() {
+			if r := recover(); r != nil {
+				c.log.WithField("panic", r).Error("connection handler panicked")
+			}
+		}()
+		c.relay()
+	}()
+}
+
+// fileConn turns a socket descriptor the loop owns into a net.Conn; the descriptor is
+// closed.
+func fileConn(fd int) (net.Conn, error) {
+	f := os.NewFile(uintptr(fd), "socket")
+	defer f.Close()
+	return net.FileConn(f)
+}
+
+// carryOver returns a reader of nc that starts with what br and src still hold.
+func carryOver(br *bufio.Reader, src *fdSource, nc net.Conn) *bufio.Reader {
+	held := append(bufferedCopy(br), src.prefix...)
+	var r io.Reader = nc
+	if len(held) > 0 {
+		r = io.MultiReader(bytes.NewReader(held), nc)
+	}
+	return bufio.NewReaderSize(r, readBufferSize)
+}
+
+// writerWith returns a writer of nc that holds pending, unwritten.
+func writerWith(nc net.Conn, pending []byte) *bufio.Writer {
+	w := bufio.NewWriterSize(nc, max(writeBufferSize, len(pending)))
+	_, _ = w.Write(pending)
+	return w
+}

@@ -1,0 +1,445 @@
+//go:build linux
+
+package proxy
+
+import (
+	"bufio"
+	"errors"
+	"net"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Bounds of a session served by an event loop.
+const (
+	// loopMaxMessage is the largest message a loop holds whole; a session that meets a
+	// larger one is handed to a goroutine pair, which streams it.
+	loopMaxMessage = 1 << 20
+	// loopBudget is how many messages a session may handle before the loop's other
+	// sessions get their turn.
+	loopBudget = 32
+	// loopOutputLimit is how much output may wait for a slow reader before the loop
+	// stops taking input that adds to it.
+	loopOutputLimit = 64 << 10
+)
+
+// errLoopOwned is returned by the placeholder connections of a session an event loop
+// serves; nothing may read or write them directly.
+var errLoopOwned = errors.New("connection is served by an event loop")
+
+// loopSession is a session an event loop serves.
+type loopSession struct {
+	c    *conn
+	loop *eventLoop
+
+	client, upstream loopEnd
+
+	dead      bool      // torn down or handed over; events for it are ignored
+	queued    bool      // in loop.again
+	finishing bool      // ending: waiting for output to drain (or for the client to close)
+	draining  bool      // discard the client's input until it closes (see drainClient)
+	shutWrite bool      // the client socket's write side is shut (draining)
+	drained   int       // bytes discarded while draining
+	deadline  time.Time // when finishing gives up waiting
+}
+
+// loopEnd is one of a loop session's two sockets.
+type loopEnd struct {
+	ls      *loopSession
+	fd      int
+	token   loopToken
+	events  uint32 // the events registered
+	watched bool   // in the epoll set
+	hup     bool   // the socket reported a hang-up or an error
+	src     fdSource
+	sink    fdSink
+}
+
+// adopt hands an established session to an event loop, reporting false when it must be
+// served by a goroutine pair instead: the rewriting proxy, TLS on either side, or an
+// explicit GoroutineRelay. The session's buffered input and output carry over.
+func (s *Server) adopt(c *conn) bool {
+	if s.GoroutineRelay || s.Rewriter != nil || !plainSocket(c.client) || !plainSocket(c.upstream) {
+		return false
+	}
+	c.cwMu.Lock()
+	defer c.cwMu.Unlock()
+	if c.cw.Flush() != nil || c.uw.Flush() != nil {
+		return false
+	}
+	l, err := s.loops.assign(s.eventLoops())
+	if err != nil {
+		c.log.WithError(err).Warn("cannot start an event loop; using goroutines")
+		return false
+	}
+	cfd, err := dupSocket(c.client)
+	if err != nil {
+		s.loops.release(l)
+		return false
+	}
+	ufd, err := dupSocket(c.upstream)
+	if err != nil {
+		unix.Close(cfd)
+		s.loops.release(l)
+		return false
+	}
+	ls := &loopSession{c: c, loop: l}
+	ls.client = loopEnd{ls: ls, fd: cfd, src: fdSource{fd: cfd}, sink: fdSink{fd: cfd}}
+	ls.upstream = loopEnd{ls: ls, fd: ufd, src: fdSource{fd: ufd}, sink: fdSink{fd: ufd}}
+	ls.client.src.prefix = bufferedCopy(c.cr.br)
+	ls.upstream.src.prefix = bufferedCopy(c.ur.br)
+	c.cr.br = bufio.NewReaderSize(&ls.client.src, readBufferSize)
+	c.ur.br = bufio.NewReaderSize(&ls.upstream.src, readBufferSize)
+	c.cw = bufio.NewWriterSize(&ls.client.sink, writeBufferSize)
+	c.uw = bufio.NewWriterSize(&ls.upstream.sink, writeBufferSize)
+
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		unix.Close(cfd)
+		unix.Close(ufd)
+		s.loops.release(l)
+		return true
+	}
+	oldClient, oldUpstream := c.client, c.upstream
+	c.client = &loopConn{ls: ls, local: oldClient.LocalAddr(), remote: oldClient.RemoteAddr()}
+	c.upstream = &loopConn{ls: ls, local: oldUpstream.LocalAddr(), remote: oldUpstream.RemoteAddr()}
+	c.loop.Store(ls)
+	// Posted under c.mu: a close that follows posts its teardown after the registration.
+	l.post(ls.register)
+	c.mu.Unlock()
+	// The loop now owns duplicates of the sockets; closing the originals takes them out
+	// of the runtime's poller.
+	oldClient.Close()
+	oldUpstream.Close()
+	return true
+}
+
+// plainSocket reports whether nc is a TCP or Unix socket without TLS.
+func plainSocket(nc net.Conn) bool {
+	switch nc.(type) {
+	case *net.TCPConn, *net.UnixConn:
+		return true
+	}
+	return false
+}
+
+// dupSocket returns a close-on-exec duplicate of nc's descriptor.
+func dupSocket(nc net.Conn) (int, error) {
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return -1, errors.New("not a socket")
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	var dupErr error
+	if err := rc.Control(func(orig uintptr) {
+		fd, dupErr = unix.FcntlInt(orig, unix.F_DUPFD_CLOEXEC, 0)
+	}); err != nil {
+		return -1, err
+	}
+	if dupErr != nil {
+		return -1, dupErr
+	}
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
+}
+
+// bufferedCopy returns a copy of what br holds unread.
+func bufferedCopy(br *bufio.Reader) []byte {
+	if br.Buffered() == 0 {
+		return nil
+	}
+	p, _ := br.Peek(br.Buffered())
+	return append([]byte(nil), p...)
+}
+
+// register puts the session's sockets in the loop's epoll set and handles any input that
+// came before.
+func (ls *loopSession) register() {
+	if ls.c.isClosed() {
+		ls.teardown()
+		return
+	}
+	if ls.loop.add(&ls.client) != nil || ls.loop.add(&ls.upstream) != nil {
+		ls.teardown()
+		return
+	}
+	ls.c.log.Debug("session served by an event loop")
+	ls.process()
+}
+
+// event handles the readiness of one of the session's sockets.
+func (ls *loopSession) event(end *loopEnd, events uint32) {
+	if ls.dead {
+		return
+	}
+	if events&(unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		end.hup = true
+	}
+	if events&(unix.EPOLLIN|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		end.src.readable = true
+	}
+	if events&(unix.EPOLLOUT|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		end.sink.flush()
+	}
+	ls.process()
+}
+
+// mayRead reports whether messages from end may be handled now: not while the output to
+// the other side is backed up, nor while the replies to end's own side pile up.
+func (ls *loopSession) mayRead(end *loopEnd) bool {
+	other := &ls.upstream
+	if end == &ls.upstream {
+		other = &ls.client
+	}
+	return len(other.sink.pending) == 0 && len(end.sink.pending) < loopOutputLimit
+}
+
+// process handles the messages that are buffered whole, as the goroutine relay would,
+// then writes the output and updates what the loop waits for.
+func (ls *loopSession) process() {
+	if ls.dead {
+		return
+	}
+	if ls.finishing {
+		ls.finishStep()
+		return
+	}
+	c := ls.c
+	budget := loopBudget
+	for budget > 0 {
+		moved := false
+		for _, side := range [2]*loopEnd{&ls.client, &ls.upstream} {
+			if !ls.mayRead(side) {
+				continue
+			}
+			r := &c.cr
+			if side == &ls.upstream {
+				r = &c.ur
+			}
+			ready, tooLarge := ls.whole(r, &side.src)
+			if tooLarge {
+				ls.handOff()
+				return
+			}
+			if !ready {
+				continue
+			}
+			moved = true
+			budget--
+			var done bool
+			if side == &ls.client {
+				done, _ = c.clientStep()
+			} else {
+				done, _ = c.upstreamStep()
+			}
+			if done {
+				ls.finish()
+				return
+			}
+		}
+		if !moved {
+			break
+		}
+	}
+	ls.flushWriters()
+	switch {
+	case ls.client.sink.err != nil:
+		// The client is gone; so is the session.
+		ls.teardown()
+		return
+	case ls.upstream.sink.err != nil:
+		c.tellClient(codeConnectionFailure, "server closed the connection unexpectedly")
+		ls.finish()
+		return
+	}
+	ls.shrink()
+	if budget == 0 && !ls.queued {
+		ls.queued = true
+		ls.loop.again = append(ls.loop.again, ls)
+	}
+	ls.rewatch()
+}
+
+// whole reports whether the next message from r is buffered whole, reading from the
+// socket as needed. A failed read counts as ready, so that the handler meets the error
+// as the goroutine relay does; tooLarge means the message is beyond what a loop holds.
+func (ls *loopSession) whole(r *msgReader, src *fdSource) (ready, tooLarge bool) {
+	h, err := r.br.Peek(5)
+	if err != nil {
+		return !errors.Is(err, errWouldBlock), false
+	}
+	l := int64(int32(uint32(h[1])<<24 | uint32(h[2])<<16 | uint32(h[3])<<8 | uint32(h[4])))
+	if l < 4 || l-4 > int64(r.maxBody) {
+		return true, false // next() reports it
+	}
+	need := int(l) + 1
+	if need > loopMaxMessage {
+		return false, true
+	}
+	for need > r.br.Size() {
+		// Fill the buffer before growing it, so that memory follows the bytes that
+		// came and not the length a header announced.
+		if _, err := r.br.Peek(r.br.Size()); err != nil {
+			return !errors.Is(err, errWouldBlock), false
+		}
+		r.br = rebuffer(r.br, src, min(need, 2*r.br.Size()))
+	}
+	if _, err := r.br.Peek(need); err != nil {
+		return !errors.Is(err, errWouldBlock), false
+	}
+	return true, false
+}
+
+// rebuffer returns a reader of the given size over src that starts with what br holds.
+func rebuffer(br *bufio.Reader, src *fdSource, size int) *bufio.Reader {
+	if held := bufferedCopy(br); held != nil {
+		src.prefix = append(held, src.prefix...)
+	}
+	return bufio.NewReaderSize(src, size)
+}
+
+// shrink gives back the memory of a large message once it has been handled.
+func (ls *loopSession) shrink() {
+	c := ls.c
+	if c.cr.br.Size() > readBufferSize && c.cr.br.Buffered() <= readBufferSize {
+		c.cr.br = rebuffer(c.cr.br, &ls.client.src, readBufferSize)
+	}
+	if c.ur.br.Size() > readBufferSize && c.ur.br.Buffered() <= readBufferSize {
+		c.ur.br = rebuffer(c.ur.br, &ls.upstream.src, readBufferSize)
+	}
+	ls.client.sink.shrink()
+	ls.upstream.sink.shrink()
+}
+
+func (ls *loopSession) flushWriters() {
+	c := ls.c
+	c.cwMu.Lock()
+	_ = c.cw.Flush()
+	c.cwMu.Unlock()
+	_ = c.uw.Flush()
+}
+
+// rewatch tells the loop which events of the session's sockets matter now.
+func (ls *loopSession) rewatch() {
+	var cw, uw uint32
+	if len(ls.client.sink.pending) > 0 {
+		cw |= unix.EPOLLOUT
+	}
+	if len(ls.upstream.sink.pending) > 0 {
+		uw |= unix.EPOLLOUT
+	}
+	switch {
+	case ls.finishing:
+		if ls.shutWrite {
+			cw |= unix.EPOLLIN
+		}
+	default:
+		if ls.mayRead(&ls.client) {
+			cw |= unix.EPOLLIN
+		}
+		if ls.mayRead(&ls.upstream) {
+			uw |= unix.EPOLLIN
+		}
+	}
+	ls.loop.watch(&ls.client, cw)
+	ls.loop.watch(&ls.upstream, uw)
+}
+
+// finish ends the session once its output has been written (or drainTimeout has passed),
+// like the goroutine relay's last flush before closing.
+func (ls *loopSession) finish() {
+	ls.finishing = true
+	ls.deadline = time.Now().Add(drainTimeout)
+	ls.loop.timed[ls] = struct{}{}
+	ls.finishStep()
+}
+
+func (ls *loopSession) finishStep() {
+	ls.flushWriters()
+	client, upstream := &ls.client.sink, &ls.upstream.sink
+	if client.err != nil {
+		ls.teardown()
+		return
+	}
+	if len(client.pending) > 0 || (len(upstream.pending) > 0 && upstream.err == nil) {
+		ls.rewatch()
+		return
+	}
+	if !ls.draining {
+		ls.teardown()
+		return
+	}
+	// drainClient in loop form: shut the write side, then discard what the client sends
+	// until it closes.
+	if !ls.shutWrite {
+		_ = unix.Shutdown(ls.client.fd, unix.SHUT_WR)
+		ls.shutWrite = true
+		_, _ = ls.c.cr.br.Discard(ls.c.cr.br.Buffered())
+		ls.client.src.prefix = nil
+		ls.client.src.readable = true
+	}
+	var scratch [4096]byte
+	for ls.client.src.readable && ls.drained < drainLimit {
+		n, err := ls.client.src.Read(scratch[:])
+		ls.drained += n
+		if err != nil {
+			if errors.Is(err, errWouldBlock) {
+				break
+			}
+			ls.teardown()
+			return
+		}
+	}
+	if ls.drained >= drainLimit {
+		ls.teardown()
+		return
+	}
+	ls.rewatch()
+}
+
+// end closes the session now.
+func (ls *loopSession) end() { ls.teardown() }
+
+// teardown closes the session's sockets and gives back its place in the loop.
+func (ls *loopSession) teardown() {
+	if ls.dead {
+		return
+	}
+	ls.dead = true
+	l := ls.loop
+	l.remove(&ls.client)
+	l.remove(&ls.upstream)
+	unix.Close(ls.client.fd)
+	unix.Close(ls.upstream.fd)
+	delete(l.timed, ls)
+	ls.c.close()
+	ls.c.log.Debug("session ended")
+	l.group.release(l)
+}
+
+// startDrain is drainClient for a session served by a loop.
+func (ls *loopSession) startDrain() { ls.draining = true }
+
+// requestCloseIfIdle is closeIfIdle for a session served by a loop: it runs on the loop.
+func (ls *loopSession) requestCloseIfIdle() {
+	ls.loop.post(func() {
+		c := ls.c
+		if ls.dead || ls.finishing || c.txStatus.Load() != 'I' || c.pending.Load() != 0 {
+			return
+		}
+		c.cwMu.Lock()
+		_, _ = c.cw.Write(fatal(codeAdminShutdown, "terminating connection due to administrator command"))
+		c.cwMu.Unlock()
+		ls.finish()
+	})
+}

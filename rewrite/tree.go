@@ -42,7 +42,7 @@ func parseTree(sql string) (*pg_query.ParseResult, []int32, error) {
 func decodeTree(js string) (*pg_query.ParseResult, []int32, error) {
 	d := treeDecoder{s: js}
 	tree := &pg_query.ParseResult{}
-	if err := d.message(reflect.ValueOf(tree).Elem()); err != nil {
+	if err := d.message(reflect.ValueOf(tree).Elem(), nodeTypes[reflect.TypeFor[pg_query.ParseResult]()]); err != nil {
 		return nil, nil, err
 	}
 	if d.i != len(js) {
@@ -64,15 +64,13 @@ type treeDecoder struct {
 	stack  []reflect.Value // elements of the lists being decoded
 }
 
-// message decodes one object into the generated message struct v.
-func (d *treeDecoder) message(v reflect.Value) error {
-	if !d.consume('{') {
+// message decodes one object into the generated message struct v of
+// type nt.
+func (d *treeDecoder) message(v reflect.Value, nt *nodeType) error {
+	if nt == nil || !d.consume('{') {
 		return errTreeJSON
 	}
-	nt := nodeTypes[v.Type()]
-	if nt == nil {
-		return errTreeJSON
-	}
+	next := 0 // in nt.order: fields come in order, so the key is usually the next one or a little after it
 	for first := true; !d.consume('}'); first = false {
 		if !first && !d.consume(',') {
 			return errTreeJSON
@@ -81,10 +79,20 @@ func (d *treeDecoder) message(v reflect.Value) error {
 		if !ok {
 			return errTreeJSON
 		}
-		f := nt.fields[key]
-		if f == nil {
-			return errTreeJSON
+		var f *jsonField
+		for i := next; i < len(nt.order) && i < next+4; i++ {
+			if nt.order[i].json == key {
+				f = nt.order[i]
+				break
+			}
 		}
+		if f == nil {
+			// A Node's one field among hundreds, or a jump.
+			if f = nt.fields[key]; f == nil {
+				return errTreeJSON
+			}
+		}
+		next = f.order + 1
 		if err := d.field(v.Field(f.index), f); err != nil {
 			return err
 		}
@@ -111,7 +119,7 @@ func (d *treeDecoder) field(fv reflect.Value, f *jsonField) error {
 			return errTreeJSON
 		}
 		m := reflect.New(f.message)
-		if err := d.message(m.Elem()); err != nil {
+		if err := d.message(m.Elem(), f.node); err != nil {
 			return err
 		}
 		d.stack = append(d.stack, m)
@@ -137,7 +145,7 @@ func (d *treeDecoder) value(fv reflect.Value, f *jsonField) error {
 			return nil
 		}
 		m := reflect.New(f.message)
-		if err := d.message(m.Elem()); err != nil {
+		if err := d.message(m.Elem(), f.node); err != nil {
 			return err
 		}
 		if f.wrapper != nil {

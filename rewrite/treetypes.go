@@ -20,6 +20,7 @@ type nodeType struct {
 	location int                   // the Go field of the int32 location field, or -1
 	aConst   bool                  // the type is A_Const, whose locations decodeTree collects
 	fields   map[string]*jsonField // every field by JSON name
+	order    []*jsonField          // every field in descriptor order, which is the order libpg_query writes them in
 }
 
 // childField is a message-valued field for walk: a pointer, a slice of
@@ -36,7 +37,10 @@ type jsonField struct {
 	index   int // the Go struct field: for a oneof member, the oneof's interface
 	kind    protoreflect.Kind
 	list    bool
+	json    string           // the JSON name
+	order   int              // the field's index in nodeType.order
 	message reflect.Type     // the struct type of a message field
+	node    *nodeType        // and its nodeType
 	wrapper reflect.Type     // the struct type wrapping a oneof member
 	enum    map[string]int32 // the numbers of an enum's values by name
 }
@@ -50,6 +54,13 @@ var nodeTypes = func() map[reflect.Type]*nodeType {
 		md := msgs.Get(i)
 		t := goStruct(md)
 		types[t] = newNodeType(t, md)
+	}
+	for _, nt := range types {
+		for _, f := range nt.order {
+			if f.message != nil {
+				f.node = types[f.message]
+			}
+		}
 	}
 	return types
 }()
@@ -102,7 +113,7 @@ func newNodeType(t reflect.Type, md protoreflect.MessageDescriptor) *nodeType {
 		if !ok {
 			panic("rewrite: no Go field for " + string(fd.FullName()))
 		}
-		f := &jsonField{index: index, kind: fd.Kind(), list: fd.IsList()}
+		f := &jsonField{index: index, kind: fd.Kind(), list: fd.IsList(), json: fd.JSONName()}
 		switch fd.Kind() {
 		case protoreflect.MessageKind:
 			f.message = goStruct(fd.Message())
@@ -126,7 +137,9 @@ func newNodeType(t reflect.Type, md protoreflect.MessageDescriptor) *nodeType {
 				nt.location = index
 			}
 		}
+		f.order = len(nt.order)
 		nt.fields[fd.JSONName()] = f
+		nt.order = append(nt.order, f)
 	}
 	return nt
 }

@@ -1,5 +1,6 @@
-// Package idgen defines what the ID engines share: the Generator interface, the sentinel
-// errors callers test for, and a Router that sends each tag to its engine.
+// Package idgen defines what the ID engines share: the Generator interface, the optional
+// TryGenerator for callers that must not block, the sentinel errors callers test for, and
+// a Router that sends each tag to its engine.
 //
 // The engines themselves live in the subpackages segment (Leaf-segment, ranges reserved in
 // PostgreSQL) and snowflake (time + worker ID + sequence); worker IDs come from the
@@ -15,6 +16,20 @@ import (
 type Generator interface {
 	// Next returns a fresh ID for tag. It waits no longer than ctx allows.
 	Next(ctx context.Context, tag string) (int64, error)
+}
+
+// TryGenerator is implemented by engines that can hand out an ID without waiting, for
+// callers that must never block (a proxy's event loop serving many sessions at once).
+//
+// TryNext never blocks: it waits on no channel, sleep or I/O, and runs no query itself
+// (it may start the background load that Next would start anyway). With ok true it has
+// issued exactly one ID, as Next would have issued it: same uniqueness, same ordering,
+// same metrics and hooks as a successful Next. With ok false it has issued nothing and
+// counted nothing as a failure; that is its answer wherever Next would wait or fail
+// (unknown tag, engine not running, buffers empty, clock behind, worker ID not held…),
+// and the caller then calls Next, which waits, fails or counts as it always does.
+type TryGenerator interface {
+	TryNext(tag string) (id int64, ok bool)
 }
 
 // Errors every engine reports the same way, so that callers (the proxy, the HTTP API)

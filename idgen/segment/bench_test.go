@@ -48,6 +48,46 @@ func BenchmarkNext(b *testing.B) {
 	}
 }
 
+// BenchmarkTryNext is BenchmarkNext through TryNext, the call an event loop makes.
+func BenchmarkTryNext(b *testing.B) {
+	e := benchEngine(b, "order")
+	b.ReportAllocs()
+	var last, refused int64
+	for b.Loop() {
+		id, ok := e.TryNext("order")
+		if !ok {
+			refused++
+			// The store answers at once, but the preload runs on its own goroutine and
+			// may not have landed when a segment runs out: what the proxy would hand
+			// to Next.
+			b.StopTimer()
+			id = mustNext(b, e, "order")
+			b.StartTimer()
+		}
+		if id <= last {
+			b.Fatalf("TryNext = %d after %d", id, last)
+		}
+		last = id
+	}
+	b.ReportMetric(float64(refused), "refusals")
+}
+
+// BenchmarkTryNextParallel is BenchmarkNextParallel through TryNext.
+func BenchmarkTryNextParallel(b *testing.B) {
+	e := benchEngine(b, "order")
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, ok := e.TryNext("order"); !ok {
+				if _, err := e.Next(ctx, "order"); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	})
+}
+
 // BenchmarkNextParallel has every goroutine draw from the same tag: the worst case, all
 // cores adding to one counter.
 func BenchmarkNextParallel(b *testing.B) {
@@ -84,7 +124,8 @@ func BenchmarkNextParallelTags(b *testing.B) {
 	})
 }
 
-// TestNextDoesNotAllocate keeps the hot path allocation-free without a benchmark run.
+// TestNextDoesNotAllocate keeps the hot paths, Next and TryNext, allocation-free without a
+// benchmark run.
 func TestNextDoesNotAllocate(t *testing.T) {
 	store := &benchStore{tags: []string{"order"}}
 	e := startEngine(t, store, segment.Settings{})
@@ -96,5 +137,12 @@ func TestNextDoesNotAllocate(t *testing.T) {
 		}
 	}); n != 0 {
 		t.Fatalf("Next allocates %v times per call with IDs buffered, want 0", n)
+	}
+	if n := testing.AllocsPerRun(10_000, func() {
+		if _, ok := e.TryNext("order"); !ok {
+			t.Fatal("TryNext with IDs buffered refused")
+		}
+	}); n != 0 {
+		t.Fatalf("TryNext allocates %v times per call with IDs buffered, want 0", n)
 	}
 }

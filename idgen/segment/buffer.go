@@ -107,16 +107,68 @@ func (e *Engine) startLoadLocked(tb *tagBuffer) {
 	go e.loader(tb)
 }
 
+// take hands out the next ID of tb's current segment if it has one left: one atomic add,
+// no lock, no allocation. Next and TryNext both issue every buffered ID through it. An add
+// that lands past the segment's size issues nothing and leaves the segment as it was
+// (used up), so a caller that finds it empty loses no ID.
+func (e *Engine) take(tb *tagBuffer) (int64, bool) {
+	if s := tb.cur.Load(); s != nil {
+		if n := s.used.Add(1); n <= s.size {
+			if n == s.preloadAt {
+				e.preload(tb, s)
+			}
+			return s.lo + n, true
+		}
+	}
+	return 0, false
+}
+
+// advanceLocked reports whether the current segment has IDs left, switching to the next
+// segment first when the current one is used up and the next one is loaded. It never
+// waits. tb.mu must be held.
+func (tb *tagBuffer) advanceLocked() bool {
+	if s := tb.cur.Load(); s != nil && !s.exhausted() {
+		return true // another caller switched or installed meanwhile
+	}
+	if !tb.nextReady {
+		return false
+	}
+	tb.pos = 1 - tb.pos
+	tb.nextReady = false
+	tb.cur.Store(tb.segs[tb.pos])
+	return true
+}
+
+// trySwitch is TryNext once the current segment is missing or used up.
+func (e *Engine) trySwitch(tb *tagBuffer) (int64, bool) {
+	for {
+		tb.mu.Lock()
+		if tb.closed || tb.removed || e.state.Load() == stateClosed {
+			tb.mu.Unlock() // Next fails for these: closing, or the row is gone
+			return 0, false
+		}
+		if !tb.advanceLocked() {
+			// Start the load Next would start, so that the caller's Next finds it in
+			// flight. With the store known to be down the retry loop owns the loading.
+			if !tb.loading && !tb.failing {
+				e.startLoadLocked(tb)
+			}
+			tb.mu.Unlock()
+			return 0, false
+		}
+		tb.mu.Unlock()
+		if id, ok := e.take(tb); ok {
+			return id, true
+		}
+		// Other callers used up the segment we switched to; look again.
+	}
+}
+
 // nextSlow runs when the current segment is missing or used up.
 func (e *Engine) nextSlow(ctx context.Context, tb *tagBuffer) (int64, error) {
 	for {
-		if s := tb.cur.Load(); s != nil {
-			if n := s.used.Add(1); n <= s.size {
-				if n == s.preloadAt {
-					e.preload(tb, s)
-				}
-				return s.lo + n, nil
-			}
+		if id, ok := e.take(tb); ok {
+			return id, nil
 		}
 		tb.mu.Lock()
 		if tb.closed || e.state.Load() == stateClosed {
@@ -127,14 +179,7 @@ func (e *Engine) nextSlow(ctx context.Context, tb *tagBuffer) (int64, error) {
 			tb.mu.Unlock()
 			return 0, fmt.Errorf("%w: %q was removed", idgen.ErrUnknownTag, tb.tag)
 		}
-		if s := tb.cur.Load(); s != nil && !s.exhausted() {
-			tb.mu.Unlock() // another caller switched or installed meanwhile
-			continue
-		}
-		if tb.nextReady {
-			tb.pos = 1 - tb.pos
-			tb.nextReady = false
-			tb.cur.Store(tb.segs[tb.pos])
+		if tb.advanceLocked() {
 			tb.mu.Unlock()
 			continue
 		}

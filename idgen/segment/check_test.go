@@ -24,6 +24,8 @@ type call struct {
 // recorder draws IDs from one engine on several goroutines and keeps every call.
 type recorder struct {
 	clock atomic.Int64
+	// draw issues one ID; i counts the goroutine's calls. Nil means Engine.Next.
+	draw  func(ctx context.Context, e *segment.Engine, tag string, i int) (int64, error)
 	mu    sync.Mutex
 	calls []call
 }
@@ -40,7 +42,13 @@ func (r *recorder) run(t testing.TB, e *segment.Engine, goroutines, perGoroutine
 			for i := range perGoroutine {
 				tag := tags[(g+i)%len(tags)]
 				start := r.clock.Add(1)
-				id, err := e.Next(ctx, tag)
+				var id int64
+				var err error
+				if r.draw != nil {
+					id, err = r.draw(ctx, e, tag, i)
+				} else {
+					id, err = e.Next(ctx, tag)
+				}
 				end := r.clock.Add(1)
 				if err != nil {
 					t.Errorf("Next(%q): %v", tag, err)

@@ -111,8 +111,8 @@ type Hooks struct {
 	OnGiveBack func(tag string, ids int64, err error)
 }
 
-// Engine is the Leaf-segment engine. It implements idgen.Generator. Build it with New,
-// call Start once, and Close when done.
+// Engine is the Leaf-segment engine. It implements idgen.Generator and idgen.TryGenerator.
+// Build it with New, call Start once, and Close when done.
 type Engine struct {
 	store                     Store
 	preloadThreshold          float64
@@ -149,7 +149,10 @@ const (
 	stateClosed
 )
 
-var _ idgen.Generator = (*Engine)(nil)
+var (
+	_ idgen.Generator    = (*Engine)(nil)
+	_ idgen.TryGenerator = (*Engine)(nil)
+)
 
 // New validates s and returns an engine that is not started yet.
 func New(s Settings) (*Engine, error) {
@@ -252,18 +255,35 @@ func (e *Engine) Start(ctx context.Context) error {
 // with idgen.ErrUnavailable. An unknown tag gives idgen.ErrUnknownTag.
 func (e *Engine) Next(ctx context.Context, tag string) (int64, error) {
 	if tb := (*e.tags.Load())[tag]; tb != nil {
-		if s := tb.cur.Load(); s != nil {
-			n := s.used.Add(1)
-			if n <= s.size {
-				if n == s.preloadAt {
-					e.preload(tb, s)
-				}
-				return s.lo + n, nil
-			}
+		if id, ok := e.take(tb); ok {
+			return id, nil
 		}
 		return e.nextSlow(ctx, tb)
 	}
 	return e.nextUnknown(ctx, tag)
+}
+
+// TryNext returns the next ID of tag if one is at hand now, for callers that must not
+// block (an event loop serving many sessions). It implements idgen.TryGenerator.
+//
+// It never waits on a channel, a sleep or the store, does no I/O and runs no query. With
+// ok true it has issued exactly the ID Next would have issued, with the same uniqueness
+// and ordering, and it starts the preload at the preload point as Next does. It switches
+// to the next segment when that one is loaded already, taking the tag's mutex only for
+// the switch. With ok false it has issued nothing and counted nothing (no OnUnavailable):
+// the tag is unknown to the current list (TryNext does not reload it), the engine is not
+// running, or both segments are used up; in the last case it starts the background load
+// Next would start, unless one is in flight or the store is known to be down. The caller
+// then calls Next, which waits, reloads or fails as it always does.
+func (e *Engine) TryNext(tag string) (id int64, ok bool) {
+	tb := (*e.tags.Load())[tag]
+	if tb == nil {
+		return 0, false
+	}
+	if id, ok := e.take(tb); ok {
+		return id, true
+	}
+	return e.trySwitch(tb)
 }
 
 // Tags returns the known tags, sorted.

@@ -18,6 +18,19 @@ type IDSource interface {
 	NextSnowflake(ctx context.Context) (int64, error)
 }
 
+// IDProber is implemented by an IDSource that can hand out an ID without waiting. The
+// proxy's event loops serve rewriting sessions only with such a source: a loop asks for
+// IDs with TryNext, and only when none is at hand does the session's handler leave the
+// loop to another goroutine while it waits in Next, so that one session's wait (for a
+// segment still loading, say) never holds up the others.
+type IDProber interface {
+	// TryNext returns an ID of tag when one is at hand now; ok=false means nothing was
+	// issued and Next would wait or fail. It never blocks.
+	TryNext(tag string) (id int64, ok bool)
+	// TryNextSnowflake is TryNext for leaf_snowflake().
+	TryNextSnowflake() (id int64, ok bool)
+}
+
 // codeSystemError is the SQLSTATE for an ID source failure that carries none of its own
 // (58000, system_error: an error external to PostgreSQL).
 const codeSystemError = "58000"
@@ -30,6 +43,12 @@ const (
 
 // nextID returns the ID for one slot; tag is the tag of a SlotTagParam slot.
 func (c *conn) nextID(slot rewrite.Slot, tag string) (int64, error) {
+	if ls := c.loop.Load(); ls != nil && !ls.detached {
+		if id, ok := c.tryNextID(slot, tag); ok {
+			return id, nil
+		}
+		ls.detach() // this goroutine may now wait; the loop goes on without it
+	}
 	switch slot.Kind {
 	case rewrite.SlotSnowflake:
 		return c.srv.IDs.NextSnowflake(c.ctx)
@@ -37,6 +56,20 @@ func (c *conn) nextID(slot rewrite.Slot, tag string) (int64, error) {
 		return c.srv.IDs.Next(c.ctx, tag)
 	default:
 		return c.srv.IDs.Next(c.ctx, slot.Tag)
+	}
+}
+
+// tryNextID is nextID without waiting; adopt lets only sessions whose IDs is an IDProber
+// onto a loop.
+func (c *conn) tryNextID(slot rewrite.Slot, tag string) (int64, bool) {
+	p := c.srv.IDs.(IDProber)
+	switch slot.Kind {
+	case rewrite.SlotSnowflake:
+		return p.TryNextSnowflake()
+	case rewrite.SlotTagParam:
+		return p.TryNext(tag)
+	default:
+		return p.TryNext(slot.Tag)
 	}
 }
 

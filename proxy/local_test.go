@@ -30,6 +30,13 @@ func (u *unknownTagIDs) Next(ctx context.Context, tag string) (int64, error) {
 	return u.stubIDs.Next(ctx, tag)
 }
 
+func (u *unknownTagIDs) TryNext(tag string) (int64, bool) {
+	if tag == "missing" || tag == "nope" {
+		return 0, false
+	}
+	return u.stubIDs.TryNext(tag)
+}
+
 // fastPathProxy starts a rewriting proxy in front of upstreamURL with unknownTagIDs.
 func fastPathProxy(t testing.TB, upstreamURL string) (*testProxy, *unknownTagIDs) {
 	t.Helper()

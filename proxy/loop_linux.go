@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -94,7 +95,11 @@ type eventLoop struct {
 	woken   bool
 	stopped bool
 
-	// Used by the loop's goroutine only.
+	// gen counts the goroutines that have run the loop: a runner whose handler detached
+	// (see loopSession.detach) sees it change and stops being the runner.
+	gen atomic.Uint64
+
+	// Used by the loop's runner only.
 	ends      map[loopToken]*loopEnd
 	lastToken loopToken
 	again     []*loopSession            // sessions that ran out of budget with work left
@@ -133,14 +138,19 @@ func (l *eventLoop) post(f func()) {
 		return
 	}
 	l.posted = append(l.posted, f)
-	if !l.woken {
-		l.woken = true
-		// Written under mu so that the eventfd cannot be closed (and its number reused)
-		// in between.
-		var one [8]byte
-		binary.NativeEndian.PutUint64(one[:], 1)
-		_, _ = unix.Write(l.wakefd, one[:])
+	l.wakeLocked()
+}
+
+// wakeLocked makes the loop's epoll_wait return; l.mu is held, so that the eventfd
+// cannot be closed (and its number reused) meanwhile.
+func (l *eventLoop) wakeLocked() {
+	if l.stopped || l.woken {
+		return
 	}
+	l.woken = true
+	var one [8]byte
+	binary.NativeEndian.PutUint64(one[:], 1)
+	_, _ = unix.Write(l.wakefd, one[:])
 }
 
 func (l *eventLoop) stop() {
@@ -172,7 +182,7 @@ func (l *eventLoop) run() {
 	// the runtime a hand-off of the thread at every wake-up.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	defer l.destroy()
+	gen := l.gen.Load()
 	events := make([]unix.EpollEvent, 128)
 	for !l.isStopped() {
 		timeout := -1
@@ -191,33 +201,65 @@ func (l *eventLoop) run() {
 		}
 		for _, ev := range events[:max(n, 0)] {
 			if loopToken(ev.Fd) == wakeToken {
-				for _, f := range l.takePosted() {
+				work := l.takePosted()
+				for i, f := range work {
 					f()
+					if l.gen.Load() != gen {
+						l.repost(work[i+1:])
+						return
+					}
 				}
 				continue
 			}
 			if end := l.ends[loopToken(ev.Fd)]; end != nil {
 				end.ls.event(end, ev.Events)
+				if l.gen.Load() != gen {
+					// The new runner sees the remaining events again: the epoll
+					// set is level-triggered.
+					return
+				}
 			}
 		}
-		l.runAgain()
+		if !l.runAgain(gen) {
+			return
+		}
 		l.checkDeadlines()
 	}
+	l.destroy()
 }
 
 // runAgain gives the sessions that used up their budget another turn, after every other
-// ready session has had one.
-func (l *eventLoop) runAgain() {
+// ready session has had one. It reports false when a handler detached, after handing the
+// sessions it did not reach to the new runner.
+func (l *eventLoop) runAgain(gen uint64) bool {
 	again := l.again
 	l.again = nil
-	for _, ls := range again {
+	for i, ls := range again {
 		ls.queued = false
 		ls.process()
+		if l.gen.Load() != gen {
+			rest := append([]*loopSession(nil), again[i+1:]...)
+			l.post(func() { l.again = append(l.again, rest...) })
+			return false
+		}
 	}
 	clear(again)
 	if l.again == nil {
 		l.again = again[:0]
 	}
+	return true
+}
+
+// repost puts work taken by a runner that is no longer the runner back at the head of
+// the queue, for the new runner.
+func (l *eventLoop) repost(work []func()) {
+	if len(work) == 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.posted = append(append([]func(){}, work...), l.posted...)
+	l.wakeLocked()
 }
 
 func (l *eventLoop) checkDeadlines() {
@@ -293,6 +335,14 @@ func (l *eventLoop) watch(end *loopEnd, want uint32) {
 		if unix.EpollCtl(l.epfd, unix.EPOLL_CTL_MOD, end.fd, &ev) == nil {
 			end.events = want
 		}
+	}
+}
+
+// unwatch takes a socket out of the epoll set until watch puts it back.
+func (l *eventLoop) unwatch(end *loopEnd) {
+	if end.watched {
+		_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, end.fd, nil)
+		end.watched, end.events = false, 0
 	}
 }
 

@@ -6,9 +6,10 @@ package proxy
 
 type loopGroup struct{}
 
-type loopSession struct{}
+type loopSession struct{ detached bool }
 
 func (s *Server) adopt(*conn) bool { return false }
 
 func (*loopSession) startDrain()         {}
 func (*loopSession) requestCloseIfIdle() {}
+func (*loopSession) detach()             {}

@@ -3,6 +3,7 @@
 package proxy
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/leafproxy/leafproxy/internal/testenv"
+	"github.com/leafproxy/leafproxy/rewrite"
 )
 
 // loopStates returns, for every session the server holds, whether an event loop serves it.
@@ -102,6 +104,10 @@ func TestLoopHandsLargeMessagesToGoroutines(t *testing.T) {
 	p := startProxy(t, db)
 	ctx := testContext(t)
 	conn := connect(t, p.url(db))
+	// A first round trip: the session is adopted right after its startup.
+	if err := conn.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
 	if states := loopStates(p.srv); len(states) != 1 || !states[0] {
 		t.Fatalf("session not on a loop: %v", states)
 	}
@@ -179,4 +185,114 @@ func TestLoopSlowReader(t *testing.T) {
 	if err := <-queried; err != nil {
 		t.Fatal(err)
 	}
+}
+
+// blockingIDs never has an ID at hand without waiting: every Next announces itself on
+// waiting and waits until release is closed.
+type blockingIDs struct {
+	stubIDs
+	waiting chan struct{}
+	release chan struct{}
+}
+
+func newBlockingIDs() *blockingIDs {
+	return &blockingIDs{waiting: make(chan struct{}, 16), release: make(chan struct{})}
+}
+
+func (b *blockingIDs) TryNext(string) (int64, bool)    { return 0, false }
+func (b *blockingIDs) TryNextSnowflake() (int64, bool) { return 0, false }
+
+func (b *blockingIDs) Next(ctx context.Context, tag string) (int64, error) {
+	b.waiting <- struct{}{}
+	select {
+	case <-b.release:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	return b.stubIDs.Next(ctx, tag)
+}
+
+// awaitSignal waits for ch or fails the test when ctx ends.
+func awaitSignal(ctx context.Context, t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-ctx.Done():
+		t.Fatalf("timed out waiting for %s", what)
+	}
+}
+
+// TestLoopDetachesWhileWaitingForAnID has a session wait for an ID on a one-loop proxy:
+// the loop goes on serving another session meanwhile, the waiting one gets its ID and
+// returns to the loop, and a client that leaves while its session waits is cleaned up.
+func TestLoopDetachesWhileWaitingForAnID(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	rw, err := rewrite.New(rewrite.Settings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testContext(t)
+	oneLoop := func(t *testing.T) (*testProxy, *blockingIDs) {
+		ids := newBlockingIDs()
+		return startProxy(t, db, func(s *Server) { s.Rewriter, s.IDs, s.EventLoops = rw, ids, 1 }), ids
+	}
+
+	t.Run("served meanwhile", func(t *testing.T) {
+		p, ids := oneLoop(t)
+		waiter := connect(t, p.url(db))
+		other := connect(t, p.url(db))
+		got := make(chan error, 1)
+		go func() {
+			var id int64
+			err := waiter.QueryRow(ctx, "SELECT leaf_next('order')").Scan(&id)
+			if err == nil && id != 1001 {
+				err = fmt.Errorf("leaf_next gave %d, want 1001", id)
+			}
+			got <- err
+		}()
+		awaitSignal(ctx, t, ids.waiting, "the ID request")
+		for i := range 50 {
+			var n int
+			if err := other.QueryRow(ctx, "SELECT $1::int", i).Scan(&n); err != nil || n != i {
+				t.Fatalf("query %d while the other session waits: %d, %v", i, n, err)
+			}
+		}
+		if n := runningLoops(p.srv); n != 1 {
+			t.Fatalf("%d loops, want 1", n)
+		}
+		close(ids.release)
+		if err := <-got; err != nil {
+			t.Fatal(err)
+		}
+		var n int
+		if err := waiter.QueryRow(ctx, "SELECT 7").Scan(&n); err != nil || n != 7 {
+			t.Fatalf("query after the wait: %d, %v", n, err)
+		}
+		for _, onLoop := range loopStates(p.srv) {
+			if !onLoop {
+				t.Fatal("a session did not return to its loop")
+			}
+		}
+		waiter.Close(ctx)
+		other.Close(ctx)
+	})
+
+	t.Run("client leaves while waiting", func(t *testing.T) {
+		p, ids := oneLoop(t)
+		waiter := connect(t, p.url(db))
+		go func() { _ = waiter.QueryRow(ctx, "SELECT leaf_next('order')").Scan(new(int64)) }()
+		awaitSignal(ctx, t, ids.waiting, "the ID request")
+		waiter.PgConn().Conn().Close()
+		p.srv.closeIdleConns() // a session that waits is not idle: nothing happens
+		close(ids.release)
+		if !waitIdle(p.srv, 10*time.Second) {
+			t.Fatalf("%d connections still tracked", p.srv.connCount())
+		}
+		waitFor(t, 10*time.Second, "the loop to stop", func() error {
+			if n := runningLoops(p.srv); n != 0 {
+				return fmt.Errorf("%d loops running", n)
+			}
+			return nil
+		})
+	})
 }

@@ -37,6 +37,8 @@ type loopSession struct {
 	client, upstream loopEnd
 
 	dead      bool      // torn down or handed over; events for it are ignored
+	detached  bool      // a handler left the loop to wait for an ID (see detach)
+	endOnBack bool      // a teardown came while detached
 	queued    bool      // in loop.again
 	finishing bool      // ending: waiting for output to drain (or for the client to close)
 	draining  bool      // discard the client's input until it closes (see drainClient)
@@ -58,10 +60,14 @@ type loopEnd struct {
 }
 
 // adopt hands an established session to an event loop, reporting false when it must be
-// served by a goroutine pair instead: the rewriting proxy, TLS on either side, or an
-// explicit GoroutineRelay. The session's buffered input and output carry over.
+// served by a goroutine pair instead: TLS on either side, a rewriting proxy whose IDs is
+// no IDProber, or an explicit GoroutineRelay. The session's buffered input and output
+// carry over.
 func (s *Server) adopt(c *conn) bool {
-	if s.GoroutineRelay || s.Rewriter != nil || !plainSocket(c.client) || !plainSocket(c.upstream) {
+	if s.GoroutineRelay || !plainSocket(c.client) || !plainSocket(c.upstream) {
+		return false
+	}
+	if _, ok := s.IDs.(IDProber); s.Rewriter != nil && !ok {
 		return false
 	}
 	c.cwMu.Lock()
@@ -179,7 +185,7 @@ func (ls *loopSession) register() {
 
 // event handles the readiness of one of the session's sockets.
 func (ls *loopSession) event(end *loopEnd, events uint32) {
-	if ls.dead {
+	if ls.dead || ls.detached {
 		return
 	}
 	if events&(unix.EPOLLHUP|unix.EPOLLERR) != 0 {
@@ -207,7 +213,7 @@ func (ls *loopSession) mayRead(end *loopEnd) bool {
 // process handles the messages that are buffered whole, as the goroutine relay would,
 // then writes the output and updates what the loop waits for.
 func (ls *loopSession) process() {
-	if ls.dead {
+	if ls.dead || ls.detached {
 		return
 	}
 	if ls.finishing {
@@ -241,6 +247,11 @@ func (ls *loopSession) process() {
 				done, _ = c.clientStep()
 			} else {
 				done, _ = c.upstreamStep()
+			}
+			if ls.detached {
+				// This goroutine is no longer the loop's: hand the rest back.
+				ls.loop.post(func() { ls.reattach(done) })
+				return
 			}
 			if done {
 				ls.finish()
@@ -415,6 +426,11 @@ func (ls *loopSession) teardown() {
 	if ls.dead {
 		return
 	}
+	if ls.detached {
+		// The detached goroutine may still use the sockets; they close when it is done.
+		ls.endOnBack = true
+		return
+	}
 	ls.dead = true
 	l := ls.loop
 	l.remove(&ls.client)
@@ -434,7 +450,7 @@ func (ls *loopSession) startDrain() { ls.draining = true }
 func (ls *loopSession) requestCloseIfIdle() {
 	ls.loop.post(func() {
 		c := ls.c
-		if ls.dead || ls.finishing || c.txStatus.Load() != 'I' || c.pending.Load() != 0 {
+		if ls.dead || ls.detached || ls.finishing || c.txStatus.Load() != 'I' || c.pending.Load() != 0 {
 			return
 		}
 		c.cwMu.Lock()
@@ -442,4 +458,36 @@ func (ls *loopSession) requestCloseIfIdle() {
 		c.cwMu.Unlock()
 		ls.finish()
 	})
+}
+
+// detach is called by a handler on the loop's goroutine that must wait (for an ID) in
+// the middle of a message. Another goroutine takes over the loop, as the runtime hands a
+// processor on when a thread blocks in a system call, and the session sits out: its
+// sockets leave the epoll set until this goroutine has finished the message and posted
+// the session back (reattach). Until then the new runner leaves the session alone.
+func (ls *loopSession) detach() {
+	if ls.detached {
+		return
+	}
+	ls.detached = true
+	l := ls.loop
+	l.unwatch(&ls.client)
+	l.unwatch(&ls.upstream)
+	l.gen.Add(1)
+	go l.run()
+}
+
+// reattach takes a session back after a detached handler is done; done is what its step
+// reported.
+func (ls *loopSession) reattach(done bool) {
+	ls.detached = false
+	switch {
+	case ls.endOnBack:
+		ls.teardown()
+	case done:
+		ls.finish()
+	default:
+		// Nothing may follow: process may detach again, and this goroutine with it.
+		ls.process()
+	}
 }

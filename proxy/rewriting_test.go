@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,9 +24,10 @@ import (
 // snowflakes from 1<<40. Tag "unavailable" fails with SQLSTATE 55000, tag "broken" with
 // an error that has no SQLSTATE.
 type stubIDs struct {
-	mu   sync.Mutex
-	next map[string]int64
-	tags []string
+	mu    sync.Mutex
+	next  map[string]int64
+	tags  []string
+	tries atomic.Int64
 }
 
 type codedError struct{ code string }
@@ -56,6 +58,22 @@ func (s *stubIDs) Next(_ context.Context, tag string) (int64, error) {
 func (s *stubIDs) NextSnowflake(ctx context.Context) (int64, error) {
 	id, err := s.Next(ctx, "\x00snowflake")
 	return 1<<40 + id, err
+}
+
+// TryNext is Next without waiting. Every fifth call reports no ID at hand, so that
+// sessions served by event loops take the path of an ID that must be waited for too
+// (see loopSession.detach).
+func (s *stubIDs) TryNext(tag string) (int64, bool) {
+	if tag == "unavailable" || tag == "broken" || s.tries.Add(1)%5 == 0 {
+		return 0, false
+	}
+	id, err := s.Next(context.Background(), tag)
+	return id, err == nil
+}
+
+func (s *stubIDs) TryNextSnowflake() (int64, bool) {
+	id, ok := s.TryNext("\x00snowflake")
+	return 1<<40 + id, ok
 }
 
 // rewritingProxy starts a proxy that fills orders.id from tag "order".

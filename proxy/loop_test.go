@@ -296,3 +296,61 @@ func TestLoopDetachesWhileWaitingForAnID(t *testing.T) {
 		})
 	})
 }
+
+// panickingIDs panics on tag "boom", in TryNext or, with inNext, in Next after TryNext
+// had no ID at hand.
+type panickingIDs struct {
+	stubIDs
+	inNext bool
+}
+
+func (p *panickingIDs) TryNext(tag string) (int64, bool) {
+	if tag == "boom" {
+		if p.inNext {
+			return 0, false
+		}
+		panic("TryNext failed")
+	}
+	return p.stubIDs.TryNext(tag)
+}
+
+func (p *panickingIDs) Next(ctx context.Context, tag string) (int64, error) {
+	if tag == "boom" {
+		panic("Next failed")
+	}
+	return p.stubIDs.Next(ctx, tag)
+}
+
+// TestLoopPanicCostsOneSession has a handler panic on the loop's goroutine and on a
+// detached one: that session ends, the other session of the loop goes on.
+func TestLoopPanicCostsOneSession(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	rw, err := rewrite.New(rewrite.Settings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, inNext := range []bool{false, true} {
+		t.Run(fmt.Sprintf("in Next %v", inNext), func(t *testing.T) {
+			ids := &panickingIDs{inNext: inNext}
+			p := startProxy(t, db, func(s *Server) { s.Rewriter, s.IDs, s.EventLoops = rw, ids, 1 })
+			ctx := testContext(t)
+			victim := connect(t, p.url(db))
+			other := connect(t, p.url(db))
+			if err := victim.QueryRow(ctx, "SELECT leaf_next('boom')").Scan(new(int64)); err == nil {
+				t.Fatal("leaf_next('boom') succeeded")
+			}
+			for i := range 20 {
+				var id int64
+				if err := other.QueryRow(ctx, "SELECT leaf_next('fine')").Scan(&id); err != nil {
+					t.Fatalf("other session, query %d: %v", i, err)
+				}
+			}
+			waitFor(t, 10*time.Second, "the panicked session to end", func() error {
+				if n := p.srv.connCount(); n != 1 {
+					return fmt.Errorf("%d connections, want 1", n)
+				}
+				return nil
+			})
+		})
+	}
+}

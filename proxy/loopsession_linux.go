@@ -216,6 +216,7 @@ func (ls *loopSession) process() {
 	if ls.dead || ls.detached {
 		return
 	}
+	defer ls.recoverPanic()
 	if ls.finishing {
 		ls.finishStep()
 		return
@@ -309,6 +310,25 @@ func (ls *loopSession) whole(r *msgReader, src *fdSource) (ready, tooLarge bool)
 		return !errors.Is(err, errWouldBlock), false
 	}
 	return true, false
+}
+
+// recoverPanic ends the session whose handler panicked: a bug in the relay must cost one
+// connection, not the loop's other sessions or the process.
+func (ls *loopSession) recoverPanic() {
+	r := recover()
+	if r == nil {
+		return
+	}
+	ls.c.log.WithField("panic", r).Error("connection handler panicked")
+	if ls.detached {
+		// This goroutine is no longer the loop's; the runner ends the session.
+		ls.loop.post(func() {
+			ls.endOnBack = true
+			ls.reattach(true)
+		})
+		return
+	}
+	ls.teardown()
 }
 
 // rebuffer returns a reader of the given size over src that starts with what br holds.

@@ -344,6 +344,8 @@ func (a *app) newProxy() (*proxy.Server, error) {
 		UpstreamSSLMode: mode,
 		MaxClientConns:  cfg.MaxClientConns,
 		MaxMessageSize:  cfg.MaxMessageSize,
+		EventLoops:      max(cfg.EventLoops, 0),
+		GoroutineRelay:  cfg.EventLoops < 0,
 		Logger:          a.log,
 		OnConnOpen:      a.metrics.ConnOpened,
 		OnConnClose:     a.metrics.ConnClosed,

@@ -39,6 +39,7 @@ type Config struct {
 	TLSKey          string `yaml:"tls-key"`
 	MaxClientConns  int    `yaml:"max-client-conns"`
 	MaxMessageSize  int    `yaml:"max-message-size"`
+	EventLoops      int    `yaml:"event-loops"`
 
 	Store          string `yaml:"store"`
 	MigrateOnStart bool   `yaml:"migrate-on-start"`
@@ -167,6 +168,8 @@ var settings = []setting{
 		field: func(c *Config) any { return &c.MaxClientConns }},
 	{name: "max-message-size", arg: "BYTES", usage: "largest protocol message in bytes accepted from either side",
 		field: func(c *Config) any { return &c.MaxMessageSize }},
+	{name: "event-loops", arg: "N", usage: "event loops serving plain (non-TLS) sessions; 0: one per four processors; -1: a goroutine pair per session instead",
+		field: func(c *Config) any { return &c.EventLoops }},
 	{name: "store", arg: "URL", usage: "PostgreSQL URL of the database holding leaf_alloc and leaf_worker_lease (required), e.g. postgres://leaf@127.0.0.1:5432/app",
 		field: func(c *Config) any { return &c.Store }},
 	{name: "migrate-on-start", usage: "apply the embedded migrations to the store before serving",

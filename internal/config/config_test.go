@@ -199,6 +199,7 @@ func TestErrors(t *testing.T) {
 		{"preload", "", s, []string{"--segment-preload", "1"}, []string{"segment-preload", "strictly between 0 and 1"}},
 		{"conns", "", s, []string{"--max-client-conns", "0"}, []string{"max-client-conns", "at least 1"}},
 		{"message size", "", s, []string{"--max-message-size", "10"}, []string{"max-message-size", "minimum"}},
+		{"event loops", "", s, []string{"--event-loops", "-2"}, []string{"event-loops", "must be -1 (none), 0 (automatic)"}},
 		{"shutdown", "", s, []string{"--shutdown-timeout", "0s"}, []string{"shutdown-timeout", "positive"}},
 		{"log level", "", s, []string{"--log-level", "loud"}, []string{"log-level", `"loud"`}},
 		{"log format", "", s, []string{"--log-format", "xml"}, []string{"log-format", `"xml" is not one of text, json`}},

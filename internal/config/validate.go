@@ -72,6 +72,9 @@ func (c *Config) Validate() error {
 	if c.MaxClientConns <= 0 {
 		bad("max-client-conns", "%d must be at least 1", c.MaxClientConns)
 	}
+	if c.EventLoops < -1 {
+		bad("event-loops", "%d must be -1 (none), 0 (automatic) or a number of loops", c.EventLoops)
+	}
 	if c.MaxMessageSize < 1<<10 {
 		bad("max-message-size", "%d is below the minimum of 1024 bytes", c.MaxMessageSize)
 	}

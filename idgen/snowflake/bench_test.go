@@ -1,6 +1,7 @@
 package snowflake_test
 
 import (
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -57,6 +58,50 @@ func BenchmarkNext(b *testing.B) {
 	b.ReportMetric(float64(b.N)/float64(active), "ids/active-ms")
 }
 
+// BenchmarkTryNext is BenchmarkNext through TryNext, falling back to Next when it refuses,
+// as the proxy's event loop does: a refusal comes once per millisecond, when the sequence
+// runs out. refusals/op is the share of calls that went to Next.
+func BenchmarkTryNext(b *testing.B) {
+	e := benchEngine(b)
+	b.ReportAllocs()
+	start := time.Now()
+	var refused int
+	for b.Loop() {
+		if _, ok := e.TryNext(""); !ok {
+			refused++
+			if _, err := e.Next(ctx, ""); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	reportRate(b, e, start)
+	b.ReportMetric(float64(refused)/float64(b.N), "refusals/op")
+}
+
+// BenchmarkTryNextParallel is BenchmarkTryNext with GOMAXPROCS goroutines sharing one
+// engine: TryNext also refuses while another goroutine holds the engine.
+func BenchmarkTryNextParallel(b *testing.B) {
+	e := benchEngine(b)
+	b.ReportAllocs()
+	start := time.Now()
+	var refused atomic.Int64
+	b.RunParallel(func(pb *testing.PB) {
+		var mine int64
+		for pb.Next() {
+			if _, ok := e.TryNext(""); !ok {
+				mine++
+				if _, err := e.Next(ctx, ""); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}
+		refused.Add(mine)
+	})
+	reportRate(b, e, start)
+	b.ReportMetric(float64(refused.Load())/float64(b.N), "refusals/op")
+}
+
 // BenchmarkNextParallel is BenchmarkNext with GOMAXPROCS goroutines sharing one engine.
 func BenchmarkNextParallel(b *testing.B) {
 	e := benchEngine(b)
@@ -73,9 +118,10 @@ func BenchmarkNextParallel(b *testing.B) {
 	reportRate(b, e, start)
 }
 
-// BenchmarkNextCost measures one ID without the waits for the next millisecond: a layout
-// with 20 sequence bits never runs out within a millisecond at this speed.
-func BenchmarkNextCost(b *testing.B) {
+// costEngine is an engine whose layout has 20 sequence bits, so that at benchmark speed it
+// never runs out of sequence within a millisecond.
+func costEngine(b *testing.B) *snowflake.Engine {
+	b.Helper()
 	log, _ := quietLogger()
 	e, err := snowflake.New(snowflake.Settings{Source: worker.Static{ID: 1}, Logger: log,
 		Layout: snowflake.Layout{TimeBits: 41, WorkerBits: 2, SequenceBits: 20}})
@@ -85,11 +131,29 @@ func BenchmarkNextCost(b *testing.B) {
 	if err := e.Start(ctx); err != nil {
 		b.Fatal(err)
 	}
-	defer e.Close(ctx)
+	b.Cleanup(func() { e.Close(ctx) })
+	return e
+}
+
+// BenchmarkNextCost measures one ID without the waits for the next millisecond: a layout
+// with 20 sequence bits never runs out within a millisecond at this speed.
+func BenchmarkNextCost(b *testing.B) {
+	e := costEngine(b)
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := e.Next(ctx, ""); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkTryNextCost is BenchmarkNextCost through TryNext.
+func BenchmarkTryNextCost(b *testing.B) {
+	e := costEngine(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, ok := e.TryNext(""); !ok {
+			b.Fatal("TryNext refused with the sequence far from used up")
 		}
 	}
 }

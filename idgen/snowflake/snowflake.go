@@ -12,6 +12,7 @@ package snowflake
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -30,8 +31,8 @@ const (
 	stateClosed
 )
 
-// Engine issues snowflake IDs. It implements idgen.Generator; the tag is ignored. Build
-// it with New, then Start it; it is safe for concurrent use.
+// Engine issues snowflake IDs. It implements idgen.Generator and idgen.TryGenerator; the
+// tag is ignored. Build it with New, then Start it; it is safe for concurrent use.
 type Engine struct {
 	config
 
@@ -52,7 +53,10 @@ type Engine struct {
 	wg      sync.WaitGroup
 }
 
-var _ idgen.Generator = (*Engine)(nil)
+var (
+	_ idgen.Generator    = (*Engine)(nil)
+	_ idgen.TryGenerator = (*Engine)(nil)
+)
 
 // New validates the settings and returns an engine that issues nothing until Start.
 func New(s Settings) (*Engine, error) {
@@ -162,6 +166,36 @@ func (e *Engine) elapsed() int64 {
 func (e *Engine) Next(ctx context.Context, _ string) (int64, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	return e.next(ctx, true)
+}
+
+// TryNext returns a new ID if one can be issued now, for callers that must not block (an
+// event loop serving many sessions). The tag is ignored. It implements idgen.TryGenerator.
+//
+// It never sleeps and does no I/O, and it does not even wait for the engine's mutex: while
+// another caller holds it (a Next waiting out the clock, or for the next millisecond)
+// TryNext answers false. With ok true the ID is exactly what Next would have issued: same
+// layout, strictly above every ID issued before, the millisecond recorded for the
+// high-water mark. With ok false nothing was issued and no hook was called (no
+// OnClockBackwards, no OnSequenceExhausted); that is its answer wherever Next would wait
+// or fail: engine not running, worker ID not held, clock behind the last ID, sequence used
+// up in this millisecond, time bits exhausted. The caller then calls Next.
+func (e *Engine) TryNext(string) (id int64, ok bool) {
+	if !e.mu.TryLock() {
+		return 0, false
+	}
+	defer e.mu.Unlock()
+	id, err := e.next(context.Background(), false)
+	return id, err == nil
+}
+
+// errWouldWait is next's answer, with wait false, where it would have to wait. It never
+// leaves the package.
+var errWouldWait = errors.New("snowflake: no ID without waiting")
+
+// next issues an ID; e.mu must be held. With wait false it neither waits nor calls a hook:
+// where it would (clock behind the last ID, sequence used up), it returns errWouldWait.
+func (e *Engine) next(ctx context.Context, wait bool) (int64, error) {
 	if e.lease == nil {
 		if e.state == stateRunning {
 			return 0, fmt.Errorf("%w: worker ID lost, acquiring a new one", idgen.ErrWorkerNotHeld)
@@ -173,6 +207,9 @@ func (e *Engine) Next(ctx context.Context, _ string) (int64, error) {
 	}
 	now := e.elapsed()
 	if now < e.last {
+		if !wait {
+			return 0, errWouldWait
+		}
 		var err error
 		if now, err = e.waitBackwards(ctx, now); err != nil {
 			return 0, err
@@ -182,6 +219,9 @@ func (e *Engine) Next(ctx context.Context, _ string) (int64, error) {
 	if now == e.last {
 		seq = (seq + 1) & e.codec.layout.MaxSequence()
 		if seq == 0 {
+			if !wait {
+				return 0, errWouldWait
+			}
 			if e.hooks.OnSequenceExhausted != nil {
 				e.hooks.OnSequenceExhausted()
 			}

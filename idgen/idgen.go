@@ -32,6 +32,16 @@ type TryGenerator interface {
 	TryNext(tag string) (id int64, ok bool)
 }
 
+// TryNext asks g for an ID of tag without waiting when g implements TryGenerator. For any
+// other Generator, and for nil, ok is false: the caller calls Next as it would anyway.
+// Wrappers of a Generator (metrics, say) use it to pass TryNext through.
+func TryNext(g Generator, tag string) (id int64, ok bool) {
+	if t, isTry := g.(TryGenerator); isTry {
+		return t.TryNext(tag)
+	}
+	return 0, false
+}
+
 // Errors every engine reports the same way, so that callers (the proxy, the HTTP API)
 // can map them to SQLSTATEs and status codes with errors.Is.
 var (

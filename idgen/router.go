@@ -26,15 +26,20 @@ func NewRouter(segment, snowflake Generator, snowflakeTags []string) *Router {
 // IsSnowflake reports whether tag is served by the snowflake engine.
 func (r *Router) IsSnowflake(tag string) bool { return r.SnowflakeTags[tag] }
 
+// engine returns the engine that serves tag, nil when it is not configured.
+func (r *Router) engine(tag string) Generator {
+	if r.SnowflakeTags[tag] {
+		return r.Snowflake
+	}
+	return r.Segment
+}
+
 // Next returns the next ID of tag from its engine.
 func (r *Router) Next(ctx context.Context, tag string) (int64, error) {
 	if tag == "" {
 		return 0, fmt.Errorf("%w: empty tag", ErrBadArgument)
 	}
-	g := r.Segment
-	if r.SnowflakeTags[tag] {
-		g = r.Snowflake
-	}
+	g := r.engine(tag)
 	if g == nil {
 		return 0, fmt.Errorf("%w: no engine configured for tag %q", ErrUnavailable, tag)
 	}
@@ -48,4 +53,20 @@ func (r *Router) NextSnowflake(ctx context.Context) (int64, error) {
 		return 0, fmt.Errorf("%w: snowflake engine not configured", ErrUnavailable)
 	}
 	return r.Snowflake.Next(ctx, "")
+}
+
+// TryNext returns an ID of tag from its engine if the engine has one at hand now, without
+// waiting (see TryGenerator). ok is false, and nothing is counted, for an empty tag, an
+// engine that is not configured or does not implement TryGenerator, and wherever the
+// engine's Next would wait or fail: the caller then calls Next.
+func (r *Router) TryNext(tag string) (id int64, ok bool) {
+	if tag == "" {
+		return 0, false
+	}
+	return TryNext(r.engine(tag), tag)
+}
+
+// TryNextSnowflake is NextSnowflake without waiting, as TryNext is Next.
+func (r *Router) TryNextSnowflake() (id int64, ok bool) {
+	return TryNext(r.Snowflake, "")
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 
 	"github.com/leafproxy/leafproxy/idgen"
+	"github.com/leafproxy/leafproxy/proxy"
 )
 
 // SQLSTATEs of ID failures, as the README documents them.
@@ -36,10 +37,13 @@ func (e *idError) Error() string    { return e.err.Error() }
 func (e *idError) Unwrap() error    { return e.err }
 func (e *idError) SQLState() string { return sqlStateOf(e.err) }
 
-// idSource gives the proxy IDs from the router, with SQLSTATEs on the errors.
+// idSource gives the proxy IDs from the router, with SQLSTATEs on the errors. It is a
+// proxy.IDProber too, so that the proxy's event loops take IDs without waiting.
 type idSource struct {
 	router *idgen.Router
 }
+
+var _ proxy.IDProber = (*idSource)(nil)
 
 // fail gives err its SQLSTATE; the proxy counts the errors it answers (OnError).
 func (s *idSource) fail(err error) error { return &idError{err: err} }
@@ -60,4 +64,16 @@ func (s *idSource) NextSnowflake(ctx context.Context) (int64, error) {
 		return 0, s.fail(err)
 	}
 	return id, nil
+}
+
+// TryNext returns an ID of tag if its engine has one at hand now, without waiting (see
+// idgen.TryGenerator). With ok false nothing was issued and nothing counted: the proxy
+// then calls Next, which waits, or fails with its SQLSTATE and is counted.
+func (s *idSource) TryNext(tag string) (int64, bool) {
+	return s.router.TryNext(tag)
+}
+
+// TryNextSnowflake is TryNext for leaf_snowflake().
+func (s *idSource) TryNextSnowflake() (int64, bool) {
+	return s.router.TryNextSnowflake()
 }

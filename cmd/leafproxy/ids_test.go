@@ -4,9 +4,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/sirupsen/logrus"
 
 	"github.com/leafproxy/leafproxy/idgen"
+	"github.com/leafproxy/leafproxy/idgen/segment"
+	"github.com/leafproxy/leafproxy/idgen/snowflake"
+	"github.com/leafproxy/leafproxy/idgen/worker"
+	"github.com/leafproxy/leafproxy/internal/testenv"
+	"github.com/leafproxy/leafproxy/migrations"
 )
 
 type errGen struct{ err error }
@@ -49,5 +59,82 @@ func TestIDSourceSQLStates(t *testing.T) {
 	}
 	if _, err := src.NextSnowflake(ctx); err == nil || err.(*idError).SQLState() != "58000" {
 		t.Errorf("no snowflake engine: %v", err)
+	}
+}
+
+// TestIDSourceTryNext runs idSource's non-blocking calls on the real engines: a segment
+// engine on leaf_alloc and a snowflake engine with a static worker ID.
+func TestIDSourceTryNext(t *testing.T) {
+	dsn := testenv.NewDatabase(t)
+	if err := migrations.Up(dsn); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, `INSERT INTO leaf_alloc (biz_tag, max_id, step) VALUES ('seg', 1000, 100)`); err != nil {
+		t.Fatal(err)
+	}
+	log := logrus.New()
+	log.SetOutput(io.Discard)
+	seg, err := segment.New(segment.Settings{Store: segment.NewPostgresStore(pool), Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := seg.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer seg.Close(ctx)
+	snow, err := snowflake.New(snowflake.Settings{Source: worker.Static{ID: 9}, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := snow.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer snow.Close(ctx)
+	src := &idSource{router: idgen.NewRouter(seg, snow, []string{"snow"})}
+
+	// The first segment loads lazily: TryNext starts the load and cannot wait for it.
+	if id, ok := src.TryNext("seg"); ok {
+		t.Fatalf("TryNext before the first load = %d, true", id)
+	}
+	first, err := src.Next(ctx, "seg")
+	if err != nil || first != 1001 {
+		t.Fatalf("Next = %d, %v; want 1001", first, err)
+	}
+	isSnowflake := func(id int64) bool { p := snow.Decompose(id); return p.Worker == 9 && time.Since(p.Time) < time.Minute }
+	for _, tc := range []struct {
+		name string
+		try  func() (int64, bool)
+		want func(id int64) bool // nil: ok false
+		// For a refusal that stands for an error: the Next the proxy makes next, and the
+		// SQLSTATE it answers.
+		nextTag, state string
+	}{
+		{"segment tag", func() (int64, bool) { return src.TryNext("seg") }, func(id int64) bool { return id == first+1 }, "", ""},
+		{"snowflake tag", func() (int64, bool) { return src.TryNext("snow") }, isSnowflake, "", ""},
+		{"leaf_snowflake()", src.TryNextSnowflake, isSnowflake, "", ""},
+		{"unknown tag", func() (int64, bool) { return src.TryNext("nope") }, nil, "nope", "42704"},
+		{"empty tag", func() (int64, bool) { return src.TryNext("") }, nil, "", "22023"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			id, ok := tc.try()
+			if ok != (tc.want != nil) || ok && !tc.want(id) {
+				t.Fatalf("= %d, %v; want ok=%v and a matching ID", id, ok, tc.want != nil)
+			}
+			if tc.state == "" {
+				return
+			}
+			_, err := src.Next(ctx, tc.nextTag)
+			var coded interface{ SQLState() string }
+			if !errors.As(err, &coded) || coded.SQLState() != tc.state {
+				t.Fatalf("Next(%q) after the refusal: %v, want SQLSTATE %s", tc.nextTag, err, tc.state)
+			}
+		})
 	}
 }

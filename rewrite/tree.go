@@ -9,6 +9,7 @@ import (
 
 	pg_query "github.com/pganalyze/pg_query_go/v6"
 	"github.com/pganalyze/pg_query_go/v6/parser"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
@@ -60,16 +61,25 @@ var errTreeJSON = errors.New("rewrite: unexpected parse tree JSON")
 type treeDecoder struct {
 	s      string // the JSON
 	i      int    // the cursor in s
+	depth  int    // of the message being decoded
 	consts []int32
 	stack  []reflect.Value // elements of the lists being decoded
 }
 
+// maxTreeDepth bounds the nesting of messages the decoder reads. Unmarshal
+// refuses messages nested deeper than protobuf's recursion limit, and
+// pg_query.Parse with it; a tree anywhere near that deep (a chain of
+// thousands of operators) goes down that route, so that it fares the same.
+const maxTreeDepth = protowire.DefaultRecursionLimit / 2
+
 // message decodes one object into the generated message struct v of
 // type nt.
 func (d *treeDecoder) message(v reflect.Value, nt *nodeType) error {
-	if nt == nil || !d.consume('{') {
+	if nt == nil || d.depth >= maxTreeDepth || !d.consume('{') {
 		return errTreeJSON
 	}
+	d.depth++
+	defer func() { d.depth-- }()
 	next := 0 // in nt.order: fields come in order, so the key is usually the next one or a little after it
 	for first := true; !d.consume('}'); first = false {
 		if !first && !d.consume(',') {

@@ -50,25 +50,33 @@ func checkTree(t testing.TB, sql string) {
 	want, wantErr := pg_query.Parse(sql)
 	got, consts, err := parseTree(sql)
 	if (err != nil) != (wantErr != nil) {
-		t.Fatalf("parseTree(%q) error %v, pg_query.Parse error %v", sql, err, wantErr)
+		t.Fatalf("parseTree(%.200q) error %v, pg_query.Parse error %v", sql, err, wantErr)
 	}
 	if err != nil {
 		return
 	}
 	if !proto.Equal(got, want) {
-		t.Fatalf("parseTree(%q) =\n%v\nwant\n%v", sql, got, want)
+		t.Fatalf("parseTree(%.200q) =\n%v\nwant\n%v", sql, got, want)
 	}
 	wantConsts := constLocations(want)
 	slices.Sort(consts)
 	slices.Sort(wantConsts)
 	if !slices.Equal(consts, wantConsts) {
-		t.Fatalf("parseTree(%q) A_Const locations %v, want %v", sql, consts, wantConsts)
+		t.Fatalf("parseTree(%.200q) A_Const locations %v, want %v", sql, consts, wantConsts)
 	}
 }
 
 func TestParseTreeMatchesPgQuery(t *testing.T) {
 	for _, sql := range treeCorpus(t) {
 		checkTree(t, sql)
+	}
+}
+
+// TestParseTreeDeepNesting compares the routes on operator chains around
+// the depth at which proto.Unmarshal, and so pg_query.Parse, gives up.
+func TestParseTreeDeepNesting(t *testing.T) {
+	for _, n := range []int{1000, 2400, 2600, 4900, 5100, 20000} {
+		checkTree(t, "SELECT 1"+strings.Repeat(" + 1", n))
 	}
 }
 

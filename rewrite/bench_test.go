@@ -179,6 +179,19 @@ func BenchmarkParserFloor(b *testing.B) {
 	}
 }
 
+// BenchmarkGrammarFloor is PostgreSQL's grammar without any output:
+// pg_query's IsUtilityStmt runs the raw parser and returns one bool per
+// statement. The difference to BenchmarkParserFloor is the cost of
+// rendering tokens and tree for Go.
+func BenchmarkGrammarFloor(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := parser.IsUtilityStmt(benchInsert); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // BenchmarkParseTree is the parse tree as the planner gets it: parsed,
 // rendered as JSON and decoded into pg_query's structs.
 func BenchmarkParseTree(b *testing.B) {

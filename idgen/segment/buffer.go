@@ -12,9 +12,10 @@ import (
 	"github.com/leafproxy/leafproxy/idgen"
 )
 
-// segment is one reserved range (lo, lo+size]. Next takes IDs from it with one atomic add on
-// used; used may run past size (callers that found it empty), which is harmless because the
-// ID is computed as lo+n only for n <= size, so the counter can never wrap an ID around.
+// segment is one reserved range (lo, lo+size]. Next and TryNext take IDs from it with one
+// atomic add on used; used may run past size (callers that found it empty), which is
+// harmless because the ID is computed as lo+n only for n <= size, so the counter can never
+// wrap an ID around, and an add past size issues nothing.
 type segment struct {
 	used      atomic.Int64
 	lo        int64 // the range's IDs are lo+1 .. lo+size

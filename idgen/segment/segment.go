@@ -23,6 +23,10 @@
 // When the store is down the engine keeps serving from what it has buffered; once both
 // buffers are empty Next fails at once with idgen.ErrUnavailable (it does not wait out the
 // caller's deadline), and a background retry picks the store up again when it returns.
+//
+// TryNext is Next for callers that must never block, such as an event loop: it hands out
+// a buffered ID, switching to a loaded next segment if need be, or answers false at once
+// where Next would reload the tag list, wait for a load or fail.
 package segment
 
 import (

@@ -8,6 +8,9 @@
 // process is measured with the monotonic clock from a wall-clock reading taken at Start,
 // so stepping the wall clock while running changes nothing; the wall clock matters at
 // Start and, through the mark, at the next Start.
+//
+// TryNext is Next for callers that must never block: where Next would wait (clock behind
+// the last ID, sequence used up in this millisecond) or fail, it answers false at once.
 package snowflake
 
 import (

@@ -52,6 +52,16 @@ func startProxy(t testing.TB, upstreamURL string, configure ...func(*Server)) *t
 		case <-time.After(10 * time.Second):
 			t.Error("Serve did not return after Close")
 		}
+		// Event loops end their sessions after Close returns; wait for them, so that
+		// the next test (and a memory measurement) starts from a quiet process.
+		deadline := time.Now().Add(10 * time.Second)
+		for srv.loops.running() > 0 {
+			if time.Now().After(deadline) {
+				t.Errorf("%d event loops still running after Close", srv.loops.running())
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
 	})
 	return p
 }

@@ -70,6 +70,19 @@ func (g *loopGroup) assign(n int) (*eventLoop, error) {
 	return l, nil
 }
 
+// running counts the loops that run.
+func (g *loopGroup) running() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n := 0
+	for _, l := range g.loops {
+		if l != nil {
+			n++
+		}
+	}
+	return n
+}
+
 // release gives back a session's place in l, stopping l when it was the last.
 func (g *loopGroup) release(l *eventLoop) {
 	g.mu.Lock()

@@ -27,17 +27,7 @@ func loopStates(s *Server) []bool {
 }
 
 // runningLoops counts the server's event loops.
-func runningLoops(s *Server) int {
-	s.loops.mu.Lock()
-	defer s.loops.mu.Unlock()
-	n := 0
-	for _, l := range s.loops.loops {
-		if l != nil {
-			n++
-		}
-	}
-	return n
-}
+func runningLoops(s *Server) int { return s.loops.running() }
 
 // TestLoopServesPlainSessions checks which sessions event loops take: plain TCP sessions
 // by default, not TLS ones and none with GoroutineRelay; and that loops stop with their

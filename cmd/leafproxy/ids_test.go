@@ -15,6 +15,7 @@ import (
 	"github.com/leafproxy/leafproxy/idgen/segment"
 	"github.com/leafproxy/leafproxy/idgen/snowflake"
 	"github.com/leafproxy/leafproxy/idgen/worker"
+	"github.com/leafproxy/leafproxy/internal/metrics"
 	"github.com/leafproxy/leafproxy/internal/testenv"
 	"github.com/leafproxy/leafproxy/migrations"
 )
@@ -62,8 +63,9 @@ func TestIDSourceSQLStates(t *testing.T) {
 	}
 }
 
-// TestIDSourceTryNext runs idSource's non-blocking calls on the real engines: a segment
-// engine on leaf_alloc and a snowflake engine with a static worker ID.
+// TestIDSourceTryNext runs idSource's non-blocking calls on the real engines, wrapped in
+// the metrics counters as serve wires them: a segment engine on leaf_alloc and a
+// snowflake engine with a static worker ID.
 func TestIDSourceTryNext(t *testing.T) {
 	dsn := testenv.NewDatabase(t)
 	if err := migrations.Up(dsn); err != nil {
@@ -97,7 +99,8 @@ func TestIDSourceTryNext(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer snow.Close(ctx)
-	src := &idSource{router: idgen.NewRouter(seg, snow, []string{"snow"})}
+	m := metrics.New("test", nil)
+	src := &idSource{router: idgen.NewRouter(m.Counting("segment", seg), m.Counting("snowflake", snow), []string{"snow"})}
 
 	// The first segment loads lazily: TryNext starts the load and cannot wait for it.
 	if id, ok := src.TryNext("seg"); ok {

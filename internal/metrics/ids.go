@@ -110,14 +110,29 @@ func (c *counting) Next(ctx context.Context, tag string) (int64, error) {
 		c.m.IDError(c.engine, err)
 		return id, err
 	}
+	c.count(tag)
+	return id, nil
+}
+
+// TryNext passes the non-blocking request on (idgen.TryGenerator) and counts the ID it
+// gets; ok=false is no failure (the caller goes on to Next), so it is not counted.
+func (c *counting) TryNext(tag string) (int64, bool) {
+	id, ok := idgen.TryNext(c.g, tag)
+	if ok {
+		c.count(tag)
+	}
+	return id, ok
+}
+
+// count counts one ID of tag.
+func (c *counting) count(tag string) {
 	if m := c.byTag.Load(); m != nil {
 		if n := (*m)[tag]; n != nil {
 			n.Add(1)
-			return id, nil
+			return
 		}
 	}
 	c.counterSlow(tag).Add(1)
-	return id, nil
 }
 
 func (c *counting) counterSlow(tag string) *atomic.Uint64 {

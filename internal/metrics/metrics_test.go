@@ -223,3 +223,43 @@ func TestCountingConcurrentTags(t *testing.T) {
 		}
 	}
 }
+
+// tryGen answers TryNext with ok, and Next always.
+type tryGen struct {
+	fakeGen
+	ok bool
+}
+
+func (g tryGen) TryNext(string) (int64, bool) { return 43, g.ok }
+
+// TestCountingTryNext: the wrapper passes TryNext on, counts the IDs it issues and counts
+// nothing, not even an error, when none was at hand; a generator without TryNext has none.
+func TestCountingTryNext(t *testing.T) {
+	m := New("v-test", nil)
+	tests := []struct {
+		name   string
+		g      idgen.Generator
+		wantOK bool
+	}{
+		{"at hand", tryGen{ok: true}, true},
+		{"not at hand", tryGen{ok: false}, false},
+		{"no TryNext", fakeGen{}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := m.Counting("segment", tt.g)
+			before := m.IssuedTotals()[Key{"segment", tt.name}]
+			id, ok := idgen.TryNext(g, tt.name)
+			if ok != tt.wantOK || (ok && id != 43) {
+				t.Fatalf("TryNext = %d, %v; want ok %v", id, ok, tt.wantOK)
+			}
+			want := before
+			if ok {
+				want++
+			}
+			if got := m.IssuedTotals()[Key{"segment", tt.name}]; got != want {
+				t.Fatalf("issued %d, want %d", got, want)
+			}
+		})
+	}
+}

@@ -330,6 +330,9 @@ func TestHolderThatCannotRenewStopsIssuing(t *testing.T) {
 	if d := time.Since(stopped); d > ttl {
 		t.Fatalf("issued IDs for %v after the database went away; the row expires after %v", d, ttl)
 	}
+	// The lease stops counting as held just before the hook runs, on the renewal
+	// goroutine: the refusal can be seen first.
+	waitUntil(t, time.Second, "the fenced hook", func() bool { return fenced.Load() >= 1 })
 	if fenced.Load() != 1 || e.Info().Held {
 		t.Fatalf("fenced hook calls %d, Info().Held %v", fenced.Load(), e.Info().Held)
 	}

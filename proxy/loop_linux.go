@@ -30,6 +30,10 @@ type loopToken = uint32
 // wakeToken is the token of the loop's own eventfd, written to when work is posted.
 const wakeToken loopToken = 0
 
+// loopYieldEvery is how often a busy loop lets the scheduler run something else; well
+// under the runtime's 10 ms preemption threshold.
+const loopYieldEvery = 5 * time.Millisecond
+
 // loopIdleWait is how often a loop with a pending deadline looks at its clock.
 const loopIdleWait = 100 * time.Millisecond
 
@@ -191,11 +195,8 @@ func (l *eventLoop) takePosted() []func() {
 }
 
 func (l *eventLoop) run() {
-	// The loop's thread spends its idle time in epoll_wait; keeping it to itself spares
-	// the runtime a hand-off of the thread at every wake-up.
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
 	gen := l.gen.Load()
+	lastYield := time.Now()
 	events := make([]unix.EpollEvent, 128)
 	for !l.isStopped() {
 		timeout := -1
@@ -204,6 +205,15 @@ func (l *eventLoop) run() {
 			timeout = 0
 		case len(l.timed) > 0:
 			timeout = int(loopIdleWait / time.Millisecond)
+		}
+		if now := time.Now(); now.Sub(lastYield) >= loopYieldEvery {
+			// A goroutine that the scheduler never sees switch for 10 ms is taken for a
+			// runaway: the runtime preempts it and takes its processor at its next
+			// system call, and its monitor thread polls every 20 µs for a while after.
+			// The loop's goroutine, which only runs and makes system calls, would
+			// trigger that all the time; yielding now and then keeps it a good citizen.
+			lastYield = now
+			runtime.Gosched()
 		}
 		n, err := unix.EpollWait(l.epfd, events, timeout)
 		if err != nil && err != unix.EINTR {

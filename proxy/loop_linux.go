@@ -111,6 +111,7 @@ type eventLoop struct {
 	posted  []func()
 	woken   bool
 	stopped bool
+	done    chan struct{} // closed when the loop has stopped and closed its descriptors
 
 	// gen counts the goroutines that have run the loop: a runner whose handler detached
 	// (see loopSession.detach) sees it change and stops being the runner.
@@ -143,6 +144,7 @@ func newEventLoop(g *loopGroup, slot int) (*eventLoop, error) {
 		group: g, slot: slot, epfd: epfd, wakefd: wakefd,
 		ends:  make(map[loopToken]*loopEnd),
 		timed: make(map[*loopSession]struct{}),
+		done:  make(chan struct{}),
 	}, nil
 }
 
@@ -170,10 +172,14 @@ func (l *eventLoop) wakeLocked() {
 	_, _ = unix.Write(l.wakefd, one[:])
 }
 
+// stop ends the loop; it may be called from any goroutine (a session that could not be
+// adopted gives its place back from its own), so the loop is woken to notice.
 func (l *eventLoop) stop() {
 	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.woken = false
+	l.wakeLocked()
 	l.stopped = true
-	l.mu.Unlock()
 }
 
 func (l *eventLoop) isStopped() bool {
@@ -319,6 +325,7 @@ func (l *eventLoop) destroy() {
 	l.posted = nil
 	unix.Close(l.epfd)
 	unix.Close(l.wakefd)
+	close(l.done)
 }
 
 // add registers a socket with the loop and returns its token.

@@ -344,3 +344,29 @@ func TestLoopPanicCostsOneSession(t *testing.T) {
 		})
 	}
 }
+
+// TestLoopStopsWhenReleasedElsewhere gives a new loop's only place back from another
+// goroutine, as a session that cannot be adopted does: the loop, asleep in epoll_wait
+// with nothing to watch, must wake up and stop.
+func TestLoopStopsWhenReleasedElsewhere(t *testing.T) {
+	var g loopGroup
+	l, err := g.assign(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := make(chan struct{})
+	l.post(func() { close(ran) })
+	<-ran
+	// Give the loop a moment to go back to sleep in epoll_wait: it must be woken from
+	// there, not merely see the flag before it sleeps.
+	time.Sleep(20 * time.Millisecond)
+	g.release(l)
+	select {
+	case <-l.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the loop did not stop")
+	}
+	if n := g.running(); n != 0 {
+		t.Fatalf("%d loops running", n)
+	}
+}

@@ -6,6 +6,7 @@ import "fmt"
 const (
 	CodeInvalidParameter = "22023" // invalid_parameter_value: bad leaf_next argument
 	CodeNotSupported     = "0A000" // feature_not_supported: a call or INSERT the proxy cannot rewrite safely
+	CodeTooComplex       = "54001" // statement_too_complex: nested too deeply to parse safely
 	codeInternal         = "XX000" // internal_error: a rewriter bug, never expected
 )
 

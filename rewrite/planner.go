@@ -1,6 +1,7 @@
 package rewrite
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -64,7 +65,13 @@ func plan(rw *Rewriter, sql string, toks tokens) planned {
 		// view of the text: locations would not match what is sent.
 		return planned{}
 	}
+	if chainDepth(toks) > maxChainDepth {
+		return planned{err: errTooDeep}
+	}
 	tree, consts, err := parseTree(sql)
+	if errors.Is(err, errTooDeep) {
+		return planned{err: errTooDeep}
+	}
 	if err != nil {
 		// Not ours to report: PostgreSQL gives the user its own syntax error.
 		return planned{}

@@ -29,10 +29,15 @@ func parseTree(sql string) (*pg_query.ParseResult, []int32, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	if tree, consts, err := decodeTree(js); err == nil {
+	tree, consts, err := decodeTree(js)
+	switch {
+	case err == nil:
 		return tree, consts, nil
+	case errors.Is(err, errTreeTooDeep):
+		// pg_query.Parse would fail on it too, or run out of C stack rendering it.
+		return nil, nil, errTooDeep
 	}
-	tree, err := pg_query.Parse(sql)
+	tree, err = pg_query.Parse(sql)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -52,7 +57,10 @@ func decodeTree(js string) (*pg_query.ParseResult, []int32, error) {
 	return tree, d.consts, nil
 }
 
-var errTreeJSON = errors.New("rewrite: unexpected parse tree JSON")
+var (
+	errTreeJSON    = errors.New("rewrite: unexpected parse tree JSON")
+	errTreeTooDeep = errors.New("rewrite: parse tree nested too deeply")
+)
 
 // treeDecoder reads libpg_query's JSON rendering of a parse tree into
 // pg_query's structs: objects keyed by the fields' JSON names, a Node as an
@@ -66,16 +74,20 @@ type treeDecoder struct {
 	stack  []reflect.Value // elements of the lists being decoded
 }
 
-// maxTreeDepth bounds the nesting of messages the decoder reads. Unmarshal
-// refuses messages nested deeper than protobuf's recursion limit, and
-// pg_query.Parse with it; a tree anywhere near that deep (a chain of
-// thousands of operators) goes down that route, so that it fares the same.
-const maxTreeDepth = protowire.DefaultRecursionLimit / 2
+// maxTreeDepth bounds the nesting of messages the decoder reads, as
+// protobuf's recursion limit bounds pg_query.Parse. A tree that deep is
+// refused (errTooDeep) rather than handed to pg_query.Parse, whose C side
+// could run out of stack rendering it; chainDepth normally turns such
+// statements away before they are parsed at all.
+const maxTreeDepth = protowire.DefaultRecursionLimit
 
 // message decodes one object into the generated message struct v of
 // type nt.
 func (d *treeDecoder) message(v reflect.Value, nt *nodeType) error {
-	if nt == nil || d.depth >= maxTreeDepth || !d.consume('{') {
+	if d.depth >= maxTreeDepth {
+		return errTreeTooDeep
+	}
+	if nt == nil || !d.consume('{') {
 		return errTreeJSON
 	}
 	d.depth++

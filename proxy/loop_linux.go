@@ -37,14 +37,15 @@ const loopYieldEvery = 5 * time.Millisecond
 // loopIdleWait is how often a loop with a pending deadline looks at its clock.
 const loopIdleWait = 100 * time.Millisecond
 
-// loopGroup is a server's set of event loops, at most one per processor. A loop starts
-// with its first session and stops when its last one ends, so an idle server holds none.
+// loopGroup is a server's set of event loops (Server.EventLoops of them at most). A loop
+// starts with its first session and stops when its last one ends, so an idle server holds
+// none.
 type loopGroup struct {
 	mu    sync.Mutex
 	loops []*eventLoop // nil where no loop runs
 }
 
-// assign picks the loop for a new session, starting one on a free processor slot first.
+// assign picks the loop for a new session among n, starting one in a free slot first.
 func (g *loopGroup) assign(n int) (*eventLoop, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -298,21 +299,19 @@ func (l *eventLoop) checkDeadlines() {
 	now := time.Now()
 	for ls := range l.timed {
 		if now.After(ls.deadline) {
-			ls.end()
+			ls.teardown()
 		}
 	}
 }
 
 // failAll ends every session of the loop.
 func (l *eventLoop) failAll() {
-	seen := make(map[*loopSession]bool)
+	sessions := make(map[*loopSession]bool)
 	for _, end := range l.ends {
-		if !seen[end.ls] {
-			seen[end.ls] = true
-		}
+		sessions[end.ls] = true
 	}
-	for ls := range seen {
-		ls.end()
+	for ls := range sessions {
+		ls.teardown()
 	}
 }
 
@@ -378,9 +377,6 @@ func (l *eventLoop) unwatch(end *loopEnd) {
 
 // remove takes a socket out of the loop for good; it does not close it.
 func (l *eventLoop) remove(end *loopEnd) {
-	if end.watched {
-		_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, end.fd, nil)
-		end.watched = false
-	}
+	l.unwatch(end)
 	delete(l.ends, end.token)
 }

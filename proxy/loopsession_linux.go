@@ -438,9 +438,6 @@ func (ls *loopSession) finishStep() {
 	ls.rewatch()
 }
 
-// end closes the session now.
-func (ls *loopSession) end() { ls.teardown() }
-
 // teardown closes the session's sockets and gives back its place in the loop.
 func (ls *loopSession) teardown() {
 	if ls.dead {

@@ -462,7 +462,17 @@ func TestConcurrentIDsAreUniqueAndIncreasing(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	seen := make(map[int64]bool, goroutines*each)
+	checkConcurrentIDs(t, results, func(id int64) bool {
+		p := e.Decompose(id)
+		return p.Worker == 7 && time.Since(p.Time) <= time.Minute && time.Until(p.Time) <= time.Second
+	})
+}
+
+// checkConcurrentIDs checks IDs that goroutines drew at the same time, one slice per
+// goroutine: no duplicates, each goroutine's increasing, and each one valid.
+func checkConcurrentIDs(t *testing.T, results [][]int64, valid func(int64) bool) {
+	t.Helper()
+	seen := make(map[int64]bool)
 	for _, ids := range results {
 		for i, id := range ids {
 			if seen[id] {
@@ -472,8 +482,8 @@ func TestConcurrentIDsAreUniqueAndIncreasing(t *testing.T) {
 			if i > 0 && id <= ids[i-1] {
 				t.Fatalf("IDs of one goroutine not increasing: %d after %d", id, ids[i-1])
 			}
-			if p := e.Decompose(id); p.Worker != 7 || time.Since(p.Time) > time.Minute || time.Until(p.Time) > time.Second {
-				t.Fatalf("ID %d decodes to %+v", id, p)
+			if !valid(id) {
+				t.Fatalf("ID %d is not valid", id)
 			}
 		}
 	}

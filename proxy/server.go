@@ -74,8 +74,8 @@ type Server struct {
 
 	// GoroutineRelay serves every session with a pair of goroutines, one per direction.
 	// By default a session whose two connections are plain TCP or Unix sockets (no TLS)
-	// is served by an event loop, one per processor, which costs less CPU per message;
-	// the rewriting proxy always uses goroutines.
+	// is served by an event loop, which costs less CPU per message; a rewriting proxy's
+	// sessions are, when its IDs is an IDProber.
 	GoroutineRelay bool
 	// EventLoops is the number of event loops; zero means one per four processors
 	// (GOMAXPROCS), at least one. A loop sleeps and wakes less often the more sessions
@@ -154,7 +154,7 @@ func (s *Server) ListenAndServe() error {
 	return s.Serve(l)
 }
 
-// Serve accepts clients on l, serving each in its own goroutines, until Shutdown or Close,
+// Serve accepts clients on l, starting each in its own goroutine, until Shutdown or Close,
 // after which it returns ErrServerClosed. Serve closes l when it returns.
 func (s *Server) Serve(l net.Listener) error {
 	if !s.trackListener(&l, true) {

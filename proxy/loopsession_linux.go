@@ -286,15 +286,12 @@ func (ls *loopSession) process() {
 // socket as needed. A failed read counts as ready, so that the handler meets the error
 // as the goroutine relay does; tooLarge means the message is beyond what a loop holds.
 func (ls *loopSession) whole(r *msgReader, src *fdSource) (ready, tooLarge bool) {
-	h, err := r.br.Peek(5)
+	_, n, err := r.peekHeader()
 	if err != nil {
+		// Waiting for the header, or a header that next() rejects in the handler.
 		return !errors.Is(err, errWouldBlock), false
 	}
-	l := int64(int32(uint32(h[1])<<24 | uint32(h[2])<<16 | uint32(h[3])<<8 | uint32(h[4])))
-	if l < 4 || l-4 > int64(r.maxBody) {
-		return true, false // next() reports it
-	}
-	need := int(l) + 1
+	need := 5 + n
 	if need > loopMaxMessage {
 		return false, true
 	}

@@ -52,6 +52,16 @@ type msgReader struct {
 
 // next reads the header of the next message and returns its type and body length.
 func (r *msgReader) next() (typ byte, n int, err error) {
+	if typ, n, err = r.peekHeader(); err != nil {
+		return 0, 0, err
+	}
+	_, _ = r.br.Discard(5)
+	return typ, n, nil
+}
+
+// peekHeader returns the type and body length of the next message, checked against the
+// limits, without consuming its header.
+func (r *msgReader) peekHeader() (typ byte, n int, err error) {
 	h, err := r.br.Peek(5)
 	if err != nil {
 		if err == io.EOF && len(h) > 0 {
@@ -67,7 +77,6 @@ func (r *msgReader) next() (typ byte, n int, err error) {
 	if l-4 > int64(r.maxBody) {
 		return 0, 0, fmt.Errorf("%w: %d bytes in message type %q (limit %d)", errMessageTooLarge, l-4, typ, r.maxBody)
 	}
-	_, _ = r.br.Discard(5)
 	return typ, int(l - 4), nil
 }
 

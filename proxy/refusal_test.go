@@ -45,6 +45,7 @@ var refusedStatements = []struct {
 	code string
 }{
 	{"INSERT INTO orders (item) SELECT 'x'", "0A000"},
+	{"COPY orders (item) FROM STDIN", "0A000"},
 	{"SELECT leaf_next(1)", "22023"},
 	{"SELECT leaf_next('nope')", "42704"},
 	{"SELECT leaf_next('nope'), 1", "42704"},
@@ -126,7 +127,7 @@ func TestRefusalOutsideTransaction(t *testing.T) {
 			t.Fatalf("after %s: %s, want %s", rs.sql, got, want)
 		}
 	}
-	if got := items(t, direct); got != "0 1 2 3 4" {
+	if got := items(t, direct); got != "0 1 2 3 4 5" {
 		t.Fatalf("items %q", got)
 	}
 }
@@ -370,6 +371,39 @@ COMMIT;
 	}
 	if got := items(t, direct); got != "" {
 		t.Fatalf("committed %q\n%s", got, out)
+	}
+}
+
+// TestRefusalPsqlCopy loads a file with psql's \copy: without the key column the load
+// is refused before the server sees it, so no row gets a key from elsewhere; with the
+// key column listed the rows pass through as they are.
+func TestRefusalPsqlCopy(t *testing.T) {
+	url, direct := refusalProxy(t)
+	dir := t.TempDir()
+	items := filepath.Join(dir, "items.csv")
+	keyed := filepath.Join(dir, "keyed.csv")
+	if err := os.WriteFile(items, []byte("book\npen\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyed, []byte("7,lamp\n8,desk\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runTool(t, "psql", "-X", "-v", "VERBOSITY=verbose", "-d", url,
+		"-c", `\copy orders (item) from '`+items+`' with (format csv)`)
+	if err == nil || !strings.Contains(out, "ERROR:  0A000:") {
+		t.Fatalf("\\copy without the key: %v\n%s", err, out)
+	}
+	out, err = runTool(t, "psql", "-X", "-v", "ON_ERROR_STOP=1", "-d", url,
+		"-c", `\copy orders (id, item) from '`+keyed+`' with (format csv)`)
+	if err != nil || !strings.Contains(out, "COPY 2") {
+		t.Fatalf("\\copy with the key: %v\n%s", err, out)
+	}
+	var got string
+	if err := direct.QueryRow(testContext(t), "SELECT string_agg(id || ':' || item, ' ' ORDER BY id) FROM orders").Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	if got != "7:lamp 8:desk" {
+		t.Fatalf("orders hold %q", got)
 	}
 }
 

@@ -1,6 +1,8 @@
 package rewrite
 
 import (
+	"strings"
+
 	pg_query "github.com/pganalyze/pg_query_go/v6"
 )
 
@@ -231,6 +233,36 @@ func hasValueFor(cols []*pg_query.Node, src *pg_query.Node, col string) bool {
 		}
 	}
 	return true
+}
+
+// copyFrom refuses a COPY … FROM into a filled table whose column list
+// leaves the key out. The proxy does not rewrite the data stream, so the
+// rows would get the column's default from the database (a sequence that
+// knows nothing of the IDs the proxy hands out) or fail on NOT NULL after
+// part of the load. Without a column list COPY reads every column, the key
+// among them, from the data.
+func (p *planner) copyFrom(c *pg_query.CopyStmt) {
+	if !c.IsFrom || len(c.Attlist) == 0 {
+		return
+	}
+	for _, rule := range p.rw.rules(c.Relation) {
+		if columnName(c.Attlist, rule.Column) {
+			continue
+		}
+		p.fail(p.errAt(CodeNotSupported, int(c.Relation.Location),
+			"List "+rule.colSQL+" in the column list and give every row an ID (from SELECT leaf_next('"+strings.ReplaceAll(rule.Tag, "'", "''")+"') or the HTTP API), or load with INSERT … VALUES so that the proxy fills it.",
+			"COPY into %s without %s is not supported: the proxy fills %s only in INSERT … VALUES", c.Relation.Relname, rule.Column, rule.Column))
+	}
+}
+
+// columnName reports whether a COPY column list names col.
+func columnName(list []*pg_query.Node, col string) bool {
+	for _, n := range list {
+		if n.GetString_().GetSval() == col {
+			return true
+		}
+	}
+	return false
 }
 
 // merge refuses a MERGE whose INSERT action into a filled table would need

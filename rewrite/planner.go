@@ -235,6 +235,7 @@ func (p *planner) statement(n *pg_query.Node, start, end int) {
 			return
 		}
 		p.refuse(s, "COPY")
+		p.copyFrom(s)
 	case *pg_query.UpdateStmt:
 		p.with(s.WithClause)
 		p.refuse(s, "UPDATE", "with_clause")

@@ -149,6 +149,8 @@ func (r *Rewriter) mayNeed(sql string) bool {
 			writes = writes || hasFoldAt(sql, i, "insert")
 		case 'm':
 			writes = writes || hasFoldAt(sql, i, "merge")
+		case 'c':
+			writes = writes || hasFoldAt(sql, i, "copy")
 		}
 	}
 	if !writes {

@@ -55,6 +55,8 @@ func TestPrefilter(t *testing.T) {
 		{rw, "INSERT INTO items (name) VALUES ('a')", false},
 		{rw, "UPDATE orders SET item = 'a'", false},
 		{rw, "MERGE INTO orders USING s ON true WHEN MATCHED THEN DO NOTHING", true},
+		{rw, "COPY orders (item) FROM STDIN", true},
+		{rw, "copy items (name) from stdin", false},
 		{rw, "EXECUTE p", true},
 		{rw, "deallocate all", true},
 		{rw, "DISCARD ALL", true},

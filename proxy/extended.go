@@ -33,7 +33,7 @@ func (c *conn) handleParse(body []byte, mat *localStatement) error {
 		return c.forwardParse(body, name) // malformed: the server reports it
 	}
 	oids := rest[2:]
-	plan, err := c.srv.Rewriter.Plan(query)
+	plan, err := c.plan(query)
 	if err != nil {
 		return c.refuseExtended(err, name == "")
 	}

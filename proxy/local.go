@@ -210,7 +210,7 @@ func (c *conn) answerLocal(typ byte, body []byte) bool {
 		if !ok || len(rest) != 2 || be16(rest) != 0 {
 			return false
 		}
-		plan, err := c.srv.Rewriter.Plan(query)
+		plan, err := c.plan(query)
 		if err != nil || plan == nil || fastStatement(plan, plan.MaxParam) == nil {
 			return false
 		}

@@ -311,6 +311,83 @@ func (p *panickingIDs) Next(ctx context.Context, tag string) (int64, error) {
 	return p.stubIDs.Next(ctx, tag)
 }
 
+// promptIDs always has an ID at hand, so its sessions never leave a loop to wait for one.
+type promptIDs struct{ stubIDs }
+
+func (p *promptIDs) TryNext(tag string) (int64, bool) {
+	id, err := p.Next(context.Background(), tag)
+	return id, err == nil
+}
+
+// loopRunners reports how many goroutines have run the server's only event loop so far:
+// one more each time a handler detached.
+func loopRunners(t *testing.T, s *Server) uint64 {
+	t.Helper()
+	s.loops.mu.Lock()
+	defer s.loops.mu.Unlock()
+	if len(s.loops.loops) != 1 || s.loops.loops[0] == nil {
+		t.Fatalf("want one running loop, have %v", s.loops.loops)
+	}
+	return s.loops.loops[0].gen.Load()
+}
+
+// TestLoopPlansLongTextsOffTheLoop sends a 300-row INSERT into a filled table, whose
+// planning takes milliseconds: the session leaves the loop for it rather than holding up
+// the loop's other sessions. A short text, and a long one the rewriter has cached, are
+// planned on the loop.
+func TestLoopPlansLongTextsOffTheLoop(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	rw, err := rewrite.New(rewrite.Settings{Fill: []rewrite.FillRule{{Table: "orders", Column: "id", Tag: "order"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, db, func(s *Server) { s.Rewriter, s.IDs, s.EventLoops = rw, &promptIDs{}, 1 })
+	ctx := testContext(t)
+	simple := connectMode(t, p.url(db), pgx.QueryExecModeSimpleProtocol)
+	extended := connect(t, p.url(db))
+	if _, err := simple.Exec(ctx, "CREATE TABLE orders (id int8 PRIMARY KEY, item text NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	bulk := func(prefix string) string {
+		rows := make([]string, 300)
+		for i := range rows {
+			rows[i] = fmt.Sprintf("('%s %d')", prefix, i)
+		}
+		return "INSERT INTO orders (item) VALUES " + strings.Join(rows, ", ")
+	}
+	steps := []struct {
+		name     string
+		conn     *pgx.Conn
+		sql      string
+		detaches uint64
+	}{
+		{"short", simple, "INSERT INTO orders (item) VALUES ('one')", 0},
+		{"short, extended", extended, "INSERT INTO orders (item) VALUES ('two')", 0},
+		{"long", simple, bulk("simple"), 1},
+		{"long again", simple, bulk("simple"), 0},
+		{"long, extended", extended, bulk("extended"), 1},
+	}
+	total := int64(0)
+	for _, st := range steps {
+		before := loopRunners(t, p.srv)
+		tag, err := st.conn.Exec(ctx, st.sql)
+		if err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		total += tag.RowsAffected()
+		if got := loopRunners(t, p.srv) - before; got != st.detaches {
+			t.Errorf("%s: left the loop %d times, want %d", st.name, got, st.detaches)
+		}
+	}
+	var rows, ids int64
+	if err := simple.QueryRow(ctx, "SELECT count(*), count(DISTINCT id) FROM orders").Scan(&rows, &ids); err != nil {
+		t.Fatal(err)
+	}
+	if rows != total || ids != total || total != 902 {
+		t.Fatalf("%d rows with %d distinct IDs, %d inserted, want 902", rows, ids, total)
+	}
+}
+
 // TestLoopPanicCostsOneSession has a handler panic on the loop's goroutine and on a
 // detached one: that session ends, the other session of the loop goes on.
 func TestLoopPanicCostsOneSession(t *testing.T) {

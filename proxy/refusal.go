@@ -124,6 +124,7 @@ func (c *conn) statementsBefore(sql string, failedSlot int) ([]byte, *rewrite.Pl
 	if sql == "" || failedSlot == sessionConflict {
 		return nil, nil
 	}
+	c.leaveLoopFor(len(sql))
 	tree, err := pg_query.Parse(sql)
 	if err != nil || len(tree.Stmts) < 2 {
 		return nil, nil
@@ -139,7 +140,7 @@ func (c *conn) statementsBefore(sql string, failedSlot int) ([]byte, *rewrite.Pl
 		if start < 0 || start > end || end > len(sql) {
 			return nil, nil
 		}
-		plan, err := c.srv.Rewriter.Plan(sql[start:end])
+		plan, err := c.plan(sql[start:end])
 		if err != nil {
 			if failedSlot == planRefused {
 				refused = i
@@ -161,7 +162,7 @@ func (c *conn) statementsBefore(sql string, failedSlot int) ([]byte, *rewrite.Pl
 	// Up to the refused statement's start, which is just after the semicolon that ends
 	// the statement before it.
 	prefix := sql[:tree.Stmts[refused].StmtLocation]
-	plan, err := c.srv.Rewriter.Plan(prefix)
+	plan, err := c.plan(prefix)
 	if err != nil {
 		return nil, nil
 	}

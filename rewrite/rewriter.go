@@ -121,6 +121,21 @@ func (r *Rewriter) Plan(sql string) (*Plan, error) {
 	return p, err
 }
 
+// Cached is Plan when its answer costs no more than the prefilter and a look
+// into the text cache; ok is false when sql would have to be scanned or
+// parsed, which takes tens of microseconds for a short statement and
+// milliseconds for a bulk INSERT. A caller that must not be held up plans
+// only what Cached answers and leaves the rest to a goroutine that may wait.
+func (r *Rewriter) Cached(sql string) (p *Plan, ok bool, err error) {
+	if !r.mayNeed(sql) {
+		return nil, true, nil
+	}
+	if e, hit := r.cache.get(sql); hit {
+		return e.plan, true, e.err
+	}
+	return nil, false, nil
+}
+
 // maxCachedSQL bounds the memory of the caches: longer texts (bulk
 // multi-row INSERTs, generated SQL) rarely repeat, and 4096 of them could
 // otherwise pin gigabytes. They are planned on every use.

@@ -337,3 +337,28 @@ func TestNULIsForwarded(t *testing.T) {
 		t.Errorf("Plan of text with NUL = %v, %v; want nil, nil", p, err)
 	}
 }
+
+// TestCached answers from the prefilter and the text cache only, and the same as Plan.
+func TestCached(t *testing.T) {
+	rw, err := New(goldenSettings)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, ok, err := rw.Cached("SELECT 1"); !ok || p != nil || err != nil {
+		t.Fatalf("prefilter miss: %v %v %v", p, ok, err)
+	}
+	for _, sql := range []string{"INSERT INTO orders (item) VALUES ('a')", "SELECT leaf_next('x') FROM t"} {
+		if _, ok, _ := rw.Cached(sql); ok {
+			t.Fatalf("%s: answered before it was planned", sql)
+		}
+		want, wantErr := rw.Plan(sql)
+		got, ok, err := rw.Cached(sql)
+		if !ok || got != want || err != wantErr {
+			t.Fatalf("%s: Cached gives %v %v %v, Plan gave %v %v", sql, got, ok, err, want, wantErr)
+		}
+	}
+	// A text the shape cache serves is not kept by text, so it is not Cached.
+	if _, ok, _ := rw.Cached("INSERT INTO orders (item) VALUES ('b')"); ok {
+		t.Fatal("a new text of a known shape was answered without a scan")
+	}
+}

@@ -158,7 +158,7 @@ func (c *conn) startClientTLS() error {
 	if _, err := c.client.Write([]byte{'S'}); err != nil {
 		return err
 	}
-	tc := tls.Server(c.client, cfg)
+	tc := tls.Server(&tlsTransport{Conn: c.client}, cfg)
 	if err := tc.HandshakeContext(c.ctx); err != nil {
 		return fmt.Errorf("client TLS handshake: %w", err)
 	}

@@ -4,6 +4,7 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"strings"
 	"testing"
@@ -29,21 +30,58 @@ func loopStates(s *Server) []bool {
 // runningLoops counts the server's event loops.
 func runningLoops(s *Server) int { return s.loops.running() }
 
-// TestLoopServesPlainSessions checks which sessions event loops take: plain TCP sessions
-// by default, not TLS ones and none with GoroutineRelay; and that loops stop with their
-// last session.
-func TestLoopServesPlainSessions(t *testing.T) {
+// loopLeg is a way a test's sessions reach the database through the proxy.
+type loopLeg struct {
+	name      string
+	configure func(*Server)
+	url       func(p *testProxy, db string) string
+	tls       bool // TLS from the client to the proxy and from the proxy to the database
+}
+
+// loopLegs are plain sockets on both legs, and TLS on both.
+func loopLegs(t *testing.T) []loopLeg {
+	cfg, caFile := proxyCertificate(t)
+	ca := upstreamCA(t)
+	return []loopLeg{
+		{"plain", func(*Server) {}, func(p *testProxy, db string) string { return p.url(db) }, false},
+		{"TLS", func(s *Server) {
+			s.TLSConfig, s.UpstreamSSLMode, s.UpstreamRootCAs = cfg, SSLVerifyFull, ca
+		}, func(p *testProxy, db string) string { return withTLS(p.url(db), "require", caFile) }, true},
+	}
+}
+
+// checkTLS fails the test unless the legs of conn's session use TLS as wanted.
+func checkTLS(t *testing.T, conn *pgx.Conn, wantClient, wantUpstream bool) {
+	t.Helper()
+	_, client := conn.PgConn().Conn().(*tls.Conn)
+	var upstream bool
+	if err := conn.QueryRow(testContext(t), "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").Scan(&upstream); err != nil {
+		t.Fatal(err)
+	}
+	if client != wantClient || upstream != wantUpstream {
+		t.Fatalf("TLS to the proxy %v, to the database %v; want %v, %v", client, upstream, wantClient, wantUpstream)
+	}
+}
+
+// TestLoopServesSessions checks which sessions event loops take: plain and TLS sessions
+// alike by default, none with GoroutineRelay; and that loops stop with their last
+// session.
+func TestLoopServesSessions(t *testing.T) {
 	db := testenv.NewDatabase(t)
 	cfg, caFile := proxyCertificate(t)
+	ca := upstreamCA(t)
 	tests := []struct {
-		name     string
-		url      func(p *testProxy) string
-		relay    bool // GoroutineRelay
-		wantLoop bool
+		name                   string
+		clientTLS, upstreamTLS bool
+		relay                  bool // GoroutineRelay
+		wantLoop               bool
 	}{
-		{"plain", func(p *testProxy) string { return p.url(db) }, false, true},
-		{"client TLS", func(p *testProxy) string { return withTLS(p.url(db), "require", caFile) }, false, false},
-		{"goroutine relay", func(p *testProxy) string { return p.url(db) }, true, false},
+		{"plain", false, false, false, true},
+		{"client TLS", true, false, false, true},
+		{"upstream TLS", false, true, false, true},
+		{"TLS on both legs", true, true, false, true},
+		{"goroutine relay", false, false, true, false},
+		{"goroutine relay, TLS", true, true, true, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -51,16 +89,24 @@ func TestLoopServesPlainSessions(t *testing.T) {
 				s.TLSConfig = cfg
 				s.GoroutineRelay = tt.relay
 				s.EventLoops = 2
+				if tt.upstreamTLS {
+					s.UpstreamSSLMode, s.UpstreamRootCAs = SSLVerifyFull, ca
+				}
 			})
 			ctx := testContext(t)
+			url := p.url(db)
+			if tt.clientTLS {
+				url = withTLS(url, "require", caFile)
+			}
 			conns := make([]*pgx.Conn, 3)
 			for i := range conns {
-				conns[i] = connect(t, tt.url(p))
+				conns[i] = connect(t, url)
 				var n int
 				if err := conns[i].QueryRow(ctx, "SELECT $1::int + 1", i).Scan(&n); err != nil || n != i+1 {
 					t.Fatalf("query: %d, %v", n, err)
 				}
 			}
+			checkTLS(t, conns[0], tt.clientTLS, tt.upstreamTLS)
 			for _, onLoop := range loopStates(p.srv) {
 				if onLoop != tt.wantLoop {
 					t.Fatalf("sessions on a loop: %v, want all %v", loopStates(p.srv), tt.wantLoop)
@@ -91,15 +137,44 @@ func TestLoopServesPlainSessions(t *testing.T) {
 // output, and every result arrives in order.
 func TestLoopHandsLargeMessagesToGoroutines(t *testing.T) {
 	db := testenv.NewDatabase(t)
-	p := startProxy(t, db)
+	for _, leg := range loopLegs(t) {
+		t.Run(leg.name, func(t *testing.T) { testLoopHandOff(t, db, leg) })
+	}
+}
+
+func testLoopHandOff(t *testing.T, db string, leg loopLeg) {
+	p := startProxy(t, db, leg.configure)
 	ctx := testContext(t)
-	conn := connect(t, p.url(db))
+	conn := connect(t, leg.url(p, db))
 	// A first round trip: the session is adopted right after its startup.
-	if err := conn.Ping(ctx); err != nil {
+	checkTLS(t, conn, leg.tls, leg.tls)
+	if states := loopStates(p.srv); len(states) != 1 || !states[0] {
+		t.Fatalf("session not on a loop: %v", states)
+	}
+	// A message a loop holds whole, which TLS carries in some forty records.
+	held := strings.Repeat("y", 600<<10)
+	var length int
+	if err := conn.QueryRow(ctx, "SELECT length($1::text)", held).Scan(&length); err != nil || length != len(held) {
+		t.Fatalf("a %d-byte message: %d, %v", len(held), length, err)
+	}
+	// A pipeline longer than a session's turn on the loop, which TLS packs into records
+	// that one read of the socket brings in together.
+	pipeline := &pgx.Batch{}
+	for i := range 200 {
+		pipeline.Queue("SELECT $1::int", i)
+	}
+	pr := conn.SendBatch(ctx, pipeline)
+	for i := range 200 {
+		var got int
+		if err := pr.QueryRow().Scan(&got); err != nil || got != i {
+			t.Fatalf("pipelined query %d: %d, %v", i, got, err)
+		}
+	}
+	if err := pr.Close(); err != nil {
 		t.Fatal(err)
 	}
 	if states := loopStates(p.srv); len(states) != 1 || !states[0] {
-		t.Fatalf("session not on a loop: %v", states)
+		t.Fatalf("session left the loop for a %d-byte message or a pipeline", len(held))
 	}
 	big := strings.Repeat("x", loopMaxMessage+1)
 	batch := &pgx.Batch{}
@@ -123,6 +198,7 @@ func TestLoopHandsLargeMessagesToGoroutines(t *testing.T) {
 	if err := conn.QueryRow(ctx, "SELECT 42").Scan(&n); err != nil || n != 42 {
 		t.Fatalf("query after the hand-off: %d, %v", n, err)
 	}
+	checkTLS(t, conn, leg.tls, leg.tls)
 }
 
 // TestLoopSlowReader has one client read a large result slowly while another client,
@@ -130,10 +206,17 @@ func TestLoopHandsLargeMessagesToGoroutines(t *testing.T) {
 // stall the loop nor lose or reorder a byte.
 func TestLoopSlowReader(t *testing.T) {
 	db := testenv.NewDatabase(t)
-	p := startProxy(t, db, func(s *Server) { s.EventLoops = 1 })
+	for _, leg := range loopLegs(t) {
+		t.Run(leg.name, func(t *testing.T) { testLoopSlowReader(t, db, leg) })
+	}
+}
+
+func testLoopSlowReader(t *testing.T, db string, leg loopLeg) {
+	p := startProxy(t, db, leg.configure, func(s *Server) { s.EventLoops = 1 })
 	ctx := testContext(t)
-	slow := connect(t, p.url(db))
-	busy := connect(t, p.url(db))
+	slow := connect(t, leg.url(p, db))
+	busy := connect(t, leg.url(p, db))
+	checkTLS(t, slow, leg.tls, leg.tls)
 	if runningLoops(p.srv) != 1 {
 		t.Fatalf("%d loops, want 1", runningLoops(p.srv))
 	}

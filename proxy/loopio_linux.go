@@ -15,27 +15,44 @@ import (
 )
 
 // errWouldBlock is what a loop session's sockets return when no data is at hand; the
-// loop then waits for the socket to become ready.
-var errWouldBlock = errors.New("no data ready")
+// loop then waits for the socket to become ready. It is a temporary net.Error, so that a
+// TLS connection over the socket keeps a partial record and reads on later.
+var errWouldBlock error = wouldBlock{}
 
-// fdSource reads a non-blocking socket for a bufio.Reader: first the bytes carried over
-// from before (prefix), then the socket, at most once per readiness the loop reported.
-// Reading only what epoll announced spares the read that would find nothing.
+type wouldBlock struct{}
+
+func (wouldBlock) Error() string   { return "no data ready" }
+func (wouldBlock) Timeout() bool   { return true }
+func (wouldBlock) Temporary() bool { return true }
+
+// endReader is what the bufio.Reader of a loop session's side reads: bytes carried over
+// from an earlier reader, then the side's stream (its socket, or TLS over the socket).
+type endReader struct {
+	held   []byte
+	stream io.Reader
+}
+
+func (r *endReader) Read(p []byte) (int, error) {
+	if len(r.held) > 0 {
+		n := copy(p, r.held)
+		r.held = r.held[n:]
+		if len(r.held) == 0 {
+			r.held = nil
+		}
+		return n, nil
+	}
+	return r.stream.Read(p)
+}
+
+// fdSource reads a non-blocking socket, at most once per readiness the loop reported
+// until a read comes short. Reading only what epoll announced spares the read that would
+// find nothing.
 type fdSource struct {
 	fd       int
-	prefix   []byte
 	readable bool
 }
 
 func (s *fdSource) Read(p []byte) (int, error) {
-	if len(s.prefix) > 0 {
-		n := copy(p, s.prefix)
-		s.prefix = s.prefix[n:]
-		if len(s.prefix) == 0 {
-			s.prefix = nil
-		}
-		return n, nil
-	}
 	if !s.readable {
 		return 0, errWouldBlock
 	}
@@ -161,17 +178,18 @@ func (ls *loopSession) handOff() {
 		c.close()
 		return
 	}
+	clientStream, clientWriter := ls.client.resume(client)
+	upstreamStream, upstreamWriter := ls.upstream.resume(upstream)
 	c.cwMu.Lock()
-	c.cr.br = carryOver(c.cr.br, &ls.client.src, client)
-	c.ur.br = carryOver(c.ur.br, &ls.upstream.src, upstream)
-	c.cw = writerWith(client, ls.client.sink.pending)
-	c.uw = writerWith(upstream, ls.upstream.sink.pending)
+	c.cr.br = carryOver(c.cr.br, &ls.client.in, clientStream)
+	c.ur.br = carryOver(c.ur.br, &ls.upstream.in, upstreamStream)
+	c.cw, c.uw = clientWriter, upstreamWriter
 	c.cwMu.Unlock()
 
 	c.mu.Lock()
 	closed := c.closed
 	if !closed {
-		c.client, c.upstream = client, upstream
+		c.client, c.upstream = clientStream, upstreamStream
 		c.loop.Store(nil)
 	}
 	c.mu.Unlock()
@@ -200,19 +218,26 @@ func fileConn(fd int) (net.Conn, error) {
 	return net.FileConn(f)
 }
 
-// carryOver returns a reader of nc that starts with what br and src still hold.
-func carryOver(br *bufio.Reader, src *fdSource, nc net.Conn) *bufio.Reader {
-	held := append(bufferedCopy(br), src.prefix...)
-	var r io.Reader = nc
-	if len(held) > 0 {
-		r = io.MultiReader(bytes.NewReader(held), nc)
+// resume returns the side's stream once goroutines serve it over nc, a connection over
+// the loop's descriptor, and a writer of that stream that first writes the output the
+// loop left unwritten. A TLS side goes on over its TLS connection, whose transport moves
+// to nc.
+func (e *loopEnd) resume(nc net.Conn) (net.Conn, *bufio.Writer) {
+	if e.tls == nil {
+		w := bufio.NewWriterSize(nc, max(writeBufferSize, len(e.sink.pending)))
+		_, _ = w.Write(e.sink.pending)
+		return nc, w
 	}
-	return bufio.NewReaderSize(r, readBufferSize)
+	t := e.tls.NetConn().(*tlsTransport)
+	t.Conn, t.r, t.w, t.pending = nc, nil, nil, e.sink.pending
+	return e.tls, bufio.NewWriterSize(e.tls, writeBufferSize)
 }
 
-// writerWith returns a writer of nc that holds pending, unwritten.
-func writerWith(nc net.Conn, pending []byte) *bufio.Writer {
-	w := bufio.NewWriterSize(nc, max(writeBufferSize, len(pending)))
-	_, _ = w.Write(pending)
-	return w
+// carryOver returns a reader of stream that starts with what br and in still hold.
+func carryOver(br *bufio.Reader, in *endReader, stream io.Reader) *bufio.Reader {
+	held := append(bufferedCopy(br), in.held...)
+	if len(held) > 0 {
+		stream = io.MultiReader(bytes.NewReader(held), stream)
+	}
+	return bufio.NewReaderSize(stream, readBufferSize)
 }

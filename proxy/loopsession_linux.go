@@ -4,7 +4,9 @@ package proxy
 
 import (
 	"bufio"
+	"crypto/tls"
 	"errors"
+	"io"
 	"net"
 	"syscall"
 	"time"
@@ -57,14 +59,19 @@ type loopEnd struct {
 	hup     bool   // the socket reported a hang-up or an error
 	src     fdSource
 	sink    fdSink
+	in      endReader // what the session's reader of this side reads
+	tls     *tls.Conn // the side's TLS connection over src and sink; nil for a plain socket
 }
 
 // adopt hands an established session to an event loop, reporting false when it must be
-// served by a goroutine pair instead: TLS on either side, a rewriting proxy whose IDs is
-// no IDProber, or an explicit GoroutineRelay. The session's buffered input and output
-// carry over.
+// served by a goroutine pair instead: a connection that is no TCP or Unix socket (with or
+// without TLS), a rewriting proxy whose IDs is no IDProber, or an explicit
+// GoroutineRelay. The session's buffered input and output carry over, and so does TLS:
+// the loop reads and writes the same TLS connections over its duplicates of the sockets.
 func (s *Server) adopt(c *conn) bool {
-	if s.GoroutineRelay || !plainSocket(c.client) || !plainSocket(c.upstream) {
+	clientSock, clientTLS, ok1 := loopSocket(c.client)
+	upstreamSock, upstreamTLS, ok2 := loopSocket(c.upstream)
+	if s.GoroutineRelay || !ok1 || !ok2 {
 		return false
 	}
 	if _, ok := s.IDs.(IDProber); s.Rewriter != nil && !ok {
@@ -80,26 +87,24 @@ func (s *Server) adopt(c *conn) bool {
 		c.log.WithError(err).Warn("cannot start an event loop; using goroutines")
 		return false
 	}
-	cfd, err := dupSocket(c.client)
+	cfd, err := dupSocket(clientSock)
 	if err != nil {
 		s.loops.release(l)
 		return false
 	}
-	ufd, err := dupSocket(c.upstream)
+	ufd, err := dupSocket(upstreamSock)
 	if err != nil {
 		unix.Close(cfd)
 		s.loops.release(l)
 		return false
 	}
 	ls := &loopSession{c: c, loop: l}
-	ls.client = loopEnd{ls: ls, fd: cfd, src: fdSource{fd: cfd}, sink: fdSink{fd: cfd}}
-	ls.upstream = loopEnd{ls: ls, fd: ufd, src: fdSource{fd: ufd}, sink: fdSink{fd: ufd}}
-	ls.client.src.prefix = bufferedCopy(c.cr.br)
-	ls.upstream.src.prefix = bufferedCopy(c.ur.br)
-	c.cr.br = bufio.NewReaderSize(&ls.client.src, readBufferSize)
-	c.ur.br = bufio.NewReaderSize(&ls.upstream.src, readBufferSize)
-	c.cw = bufio.NewWriterSize(&ls.client.sink, writeBufferSize)
-	c.uw = bufio.NewWriterSize(&ls.upstream.sink, writeBufferSize)
+	ls.client.init(ls, cfd, clientTLS, c.cr.br)
+	ls.upstream.init(ls, ufd, upstreamTLS, c.ur.br)
+	c.cr.br = bufio.NewReaderSize(&ls.client.in, readBufferSize)
+	c.ur.br = bufio.NewReaderSize(&ls.upstream.in, readBufferSize)
+	c.cw = bufio.NewWriterSize(ls.client.out(), writeBufferSize)
+	c.uw = bufio.NewWriterSize(ls.upstream.out(), writeBufferSize)
 
 	c.mu.Lock()
 	if c.closed {
@@ -109,27 +114,57 @@ func (s *Server) adopt(c *conn) bool {
 		s.loops.release(l)
 		return true
 	}
-	oldClient, oldUpstream := c.client, c.upstream
-	c.client = &loopConn{ls: ls, local: oldClient.LocalAddr(), remote: oldClient.RemoteAddr()}
-	c.upstream = &loopConn{ls: ls, local: oldUpstream.LocalAddr(), remote: oldUpstream.RemoteAddr()}
+	c.client = &loopConn{ls: ls, local: clientSock.LocalAddr(), remote: clientSock.RemoteAddr()}
+	c.upstream = &loopConn{ls: ls, local: upstreamSock.LocalAddr(), remote: upstreamSock.RemoteAddr()}
 	c.loop.Store(ls)
 	// Posted under c.mu: a close that follows posts its teardown after the registration.
 	l.post(ls.register)
 	c.mu.Unlock()
 	// The loop now owns duplicates of the sockets; closing the originals takes them out
-	// of the runtime's poller.
-	oldClient.Close()
-	oldUpstream.Close()
+	// of the runtime's poller. A TLS connection is not closed, which would end it for
+	// the peer: only the socket under it.
+	clientSock.Close()
+	upstreamSock.Close()
 	return true
 }
 
-// plainSocket reports whether nc is a TCP or Unix socket without TLS.
-func plainSocket(nc net.Conn) bool {
+// loopSocket returns the TCP or Unix socket under nc and, when nc is TLS over one, the
+// TLS connection; ok is false for anything else.
+func loopSocket(nc net.Conn) (sock net.Conn, tc *tls.Conn, ok bool) {
+	if tc, isTLS := nc.(*tls.Conn); isTLS {
+		t, isOurs := tc.NetConn().(*tlsTransport)
+		if !isOurs {
+			return nil, nil, false
+		}
+		sock, _, ok = loopSocket(t.Conn)
+		return sock, tc, ok
+	}
 	switch nc.(type) {
 	case *net.TCPConn, *net.UnixConn:
-		return true
+		return nc, nil, true
 	}
-	return false
+	return nil, nil, false
+}
+
+// init sets up a side over the descriptor fd, with the TLS connection tc over it (nil
+// for none), carrying over what br holds unread.
+func (e *loopEnd) init(ls *loopSession, fd int, tc *tls.Conn, br *bufio.Reader) {
+	e.ls, e.fd, e.tls = ls, fd, tc
+	e.src, e.sink = fdSource{fd: fd}, fdSink{fd: fd}
+	e.in = endReader{held: bufferedCopy(br), stream: &e.src}
+	if tc != nil {
+		t := tc.NetConn().(*tlsTransport)
+		t.r, t.w = &e.src, &e.sink
+		e.in.stream = tc
+	}
+}
+
+// out is what the session's writer of this side writes to.
+func (e *loopEnd) out() io.Writer {
+	if e.tls != nil {
+		return e.tls
+	}
+	return &e.sink
 }
 
 // dupSocket returns a close-on-exec duplicate of nc's descriptor.
@@ -233,7 +268,7 @@ func (ls *loopSession) process() {
 			if side == &ls.upstream {
 				r = &c.ur
 			}
-			ready, tooLarge := ls.whole(r, &side.src)
+			ready, tooLarge := ls.whole(r, &side.in)
 			if tooLarge {
 				ls.handOff()
 				return
@@ -285,7 +320,7 @@ func (ls *loopSession) process() {
 // whole reports whether the next message from r is buffered whole, reading from the
 // socket as needed. A failed read counts as ready, so that the handler meets the error
 // as the goroutine relay does; tooLarge means the message is beyond what a loop holds.
-func (ls *loopSession) whole(r *msgReader, src *fdSource) (ready, tooLarge bool) {
+func (ls *loopSession) whole(r *msgReader, in *endReader) (ready, tooLarge bool) {
 	_, n, err := r.peekHeader()
 	if err != nil {
 		// Waiting for the header, or a header that next() rejects in the handler.
@@ -301,7 +336,7 @@ func (ls *loopSession) whole(r *msgReader, src *fdSource) (ready, tooLarge bool)
 		if _, err := r.br.Peek(r.br.Size()); err != nil {
 			return !errors.Is(err, errWouldBlock), false
 		}
-		r.br = rebuffer(r.br, src, min(need, 2*r.br.Size()))
+		r.br = rebuffer(r.br, in, min(need, 2*r.br.Size()))
 	}
 	if _, err := r.br.Peek(need); err != nil {
 		return !errors.Is(err, errWouldBlock), false
@@ -328,22 +363,22 @@ func (ls *loopSession) recoverPanic() {
 	ls.teardown()
 }
 
-// rebuffer returns a reader of the given size over src that starts with what br holds.
-func rebuffer(br *bufio.Reader, src *fdSource, size int) *bufio.Reader {
+// rebuffer returns a reader of the given size over in that starts with what br holds.
+func rebuffer(br *bufio.Reader, in *endReader, size int) *bufio.Reader {
 	if held := bufferedCopy(br); held != nil {
-		src.prefix = append(held, src.prefix...)
+		in.held = append(held, in.held...)
 	}
-	return bufio.NewReaderSize(src, size)
+	return bufio.NewReaderSize(in, size)
 }
 
 // shrink gives back the memory of a large message once it has been handled.
 func (ls *loopSession) shrink() {
 	c := ls.c
 	if c.cr.br.Size() > readBufferSize && c.cr.br.Buffered() <= readBufferSize {
-		c.cr.br = rebuffer(c.cr.br, &ls.client.src, readBufferSize)
+		c.cr.br = rebuffer(c.cr.br, &ls.client.in, readBufferSize)
 	}
 	if c.ur.br.Size() > readBufferSize && c.ur.br.Buffered() <= readBufferSize {
-		c.ur.br = rebuffer(c.ur.br, &ls.upstream.src, readBufferSize)
+		c.ur.br = rebuffer(c.ur.br, &ls.upstream.in, readBufferSize)
 	}
 	ls.client.sink.shrink()
 	ls.upstream.sink.shrink()
@@ -413,7 +448,7 @@ func (ls *loopSession) finishStep() {
 		_ = unix.Shutdown(ls.client.fd, unix.SHUT_WR)
 		ls.shutWrite = true
 		_, _ = ls.c.cr.br.Discard(ls.c.cr.br.Buffered())
-		ls.client.src.prefix = nil
+		ls.client.in.held = nil
 		ls.client.src.readable = true
 	}
 	var scratch [4096]byte

@@ -73,9 +73,10 @@ type Server struct {
 	IDs IDSource
 
 	// GoroutineRelay serves every session with a pair of goroutines, one per direction.
-	// By default a session whose two connections are plain TCP or Unix sockets (no TLS)
-	// is served by an event loop, which costs less CPU per message; a rewriting proxy's
-	// sessions are, when its IDs is an IDProber.
+	// By default a session whose two connections are TCP or Unix sockets, with or
+	// without TLS, is served by an event loop, which costs less CPU per message; a
+	// rewriting proxy's sessions are, when its IDs is an IDProber. A session moves to
+	// goroutines for good when it meets a message over 1 MiB.
 	GoroutineRelay bool
 	// EventLoops is the number of event loops; zero means one per four processors
 	// (GOMAXPROCS), at least one. A loop sleeps and wakes less often the more sessions

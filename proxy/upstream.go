@@ -105,7 +105,7 @@ func (s *Server) startUpstreamTLS(ctx context.Context, c net.Conn, mode SSLMode)
 	default:
 		return nil, fmt.Errorf("upstream answered SSLRequest with %q", resp[0])
 	}
-	tc := tls.Client(c, s.upstreamTLSConfig(mode))
+	tc := tls.Client(&tlsTransport{Conn: c}, s.upstreamTLSConfig(mode))
 	if err := tc.HandshakeContext(ctx); err != nil {
 		return nil, fmt.Errorf("TLS handshake with upstream: %w", err)
 	}

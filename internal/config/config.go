@@ -168,7 +168,7 @@ var settings = []setting{
 		field: func(c *Config) any { return &c.MaxClientConns }},
 	{name: "max-message-size", arg: "BYTES", usage: "largest protocol message in bytes accepted from either side",
 		field: func(c *Config) any { return &c.MaxMessageSize }},
-	{name: "event-loops", arg: "N", usage: "event loops serving plain (non-TLS) sessions; 0: one per four processors; -1: a goroutine pair per session instead",
+	{name: "event-loops", arg: "N", usage: "event loops serving the sessions; 0: one per four processors; -1: a goroutine pair per session instead",
 		field: func(c *Config) any { return &c.EventLoops }},
 	{name: "store", arg: "URL", usage: "PostgreSQL URL of the database holding leaf_alloc and leaf_worker_lease (required), e.g. postgres://leaf@127.0.0.1:5432/app",
 		field: func(c *Config) any { return &c.Store }},

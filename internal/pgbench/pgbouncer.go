@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"syscall"
 	"time"
@@ -24,11 +26,16 @@ type PgBouncer struct {
 	done chan error
 }
 
+// TLSFiles are a certificate and its key in PEM files.
+type TLSFiles struct{ CertFile, KeyFile string }
+
 // StartPgBouncer starts PgBouncer (session mode) in front of the server of serverURL,
 // listening on a free loopback port. When the process runs as root, PgBouncer (which
 // refuses root) runs as the postgres user. A non-empty socketDir makes PgBouncer reach
-// the server through its Unix socket in that directory instead of TCP.
-func StartPgBouncer(ctx context.Context, serverURL, socketDir string) (*PgBouncer, error) {
+// the server through its Unix socket in that directory instead of TCP. With tlsFiles,
+// PgBouncer requires TLS from its clients, offering that certificate, and talks TLS to
+// the server.
+func StartPgBouncer(ctx context.Context, serverURL, socketDir string, tlsFiles *TLSFiles) (*PgBouncer, error) {
 	bin, err := exec.LookPath("pgbouncer")
 	if err != nil {
 		return nil, fmt.Errorf("pgbouncer not installed: %w", err)
@@ -74,11 +81,27 @@ ignore_startup_parameters = extra_float_digits,options
 		user = "postgres"
 	}
 	files := map[string]string{
-		"pgbouncer.ini": ini,
-		"userlist.txt":  fmt.Sprintf("%q \"\"\n", user),
+		"userlist.txt": fmt.Sprintf("%q \"\"\n", user),
 	}
+	if tlsFiles != nil {
+		// Copies in its own directory, which PgBouncer's user owns.
+		for name, src := range map[string]string{"tls.crt": tlsFiles.CertFile, "tls.key": tlsFiles.KeyFile} {
+			pem, err := os.ReadFile(src)
+			if err != nil {
+				b.Close()
+				return nil, err
+			}
+			files[name] = string(pem)
+		}
+		ini += fmt.Sprintf(`client_tls_sslmode = require
+client_tls_cert_file = %s
+client_tls_key_file = %s
+server_tls_sslmode = require
+`, filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"))
+	}
+	files["pgbouncer.ini"] = ini
 	for name, content := range files {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
 			b.Close()
 			return nil, err
 		}
@@ -90,9 +113,11 @@ ignore_startup_parameters = extra_float_digits,options
 			b.Close()
 			return nil, fmt.Errorf("pgbouncer refuses root and there is no postgres user: %w", err)
 		}
-		if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
-			b.Close()
-			return nil, err
+		for _, name := range append([]string{""}, slices.Collect(maps.Keys(files))...) {
+			if err := os.Chown(filepath.Join(dir, name), int(cred.Uid), int(cred.Gid)); err != nil {
+				b.Close()
+				return nil, err
+			}
 		}
 		b.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 	}

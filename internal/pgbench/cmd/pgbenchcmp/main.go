@@ -8,6 +8,9 @@
 //   - select-only-unix: the same with the proxy and PgBouncer reaching the server over
 //     its Unix socket, as when they run on the database host;
 //
+//   - select-only-tls: the same with TLS on every leg: pgbench to the server, the proxy
+//     or PgBouncer, and the hops to the server;
+//
 //   - next-id: SELECT leaf_next('bench') through a rewriting proxy whose IDs come from the
 //     segment engine, against SELECT nextval('bench_seq') on the server;
 //
@@ -25,6 +28,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"flag"
 	"fmt"
@@ -42,6 +46,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/leafproxy/leafproxy/internal/pgbench"
+	"github.com/leafproxy/leafproxy/internal/testenv"
 	"github.com/leafproxy/leafproxy/proxy"
 )
 
@@ -62,8 +67,9 @@ func run() error {
 	leaf := flag.Bool("leaf", true, "add the ID rows: leaf_next vs nextval, filled INSERT vs bigserial")
 	noBouncer := flag.Bool("no-pgbouncer", false, "leave PgBouncer out")
 	goroutines := flag.Bool("goroutine-relay", false, "add a select-only row for the proxy with an event loop turned off (a goroutine pair per session)")
-	only := flag.String("groups", "", "comma-separated groups to run (select-only, select-only-unix, next-id, insert, insert-durable); empty runs all")
+	only := flag.String("groups", "", "comma-separated groups to run (select-only, select-only-unix, select-only-tls, next-id, insert, insert-durable); empty runs all")
 	unixSocket := flag.Bool("unix", true, "add a select-only group in which the proxy and PgBouncer reach the server over its Unix socket")
+	withTLS := flag.Bool("tls", true, "add a select-only group with TLS on every leg (the server must accept TLS)")
 	durable := flag.Bool("durable", true, "add an insert group on a server with fsync, synchronous_commit and full_page_writes on (changed with ALTER SYSTEM for the group, then reset)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (the proxy's relay) to this file")
 	flag.Parse()
@@ -102,7 +108,7 @@ func run() error {
 		return fmt.Errorf("pgbench -i: %w\n%s", err, out)
 	}
 
-	endpoints, stopHops, err := selectOnly(ctx, dbURL, "", !*noBouncer, *goroutines)
+	endpoints, stopHops, err := selectOnly(ctx, dbURL, "", nil, !*noBouncer, *goroutines)
 	if err != nil {
 		return err
 	}
@@ -113,12 +119,29 @@ func run() error {
 		if err != nil {
 			return err
 		}
-		unixEndpoints, stopUnix, err := selectOnly(ctx, dbURL, dir, !*noBouncer, *goroutines)
+		unixEndpoints, stopUnix, err := selectOnly(ctx, dbURL, dir, nil, !*noBouncer, *goroutines)
 		if err != nil {
 			return err
 		}
 		defer stopUnix()
 		groups = append(groups, pgbench.Group{Name: "select-only-unix", Endpoints: unixEndpoints})
+	}
+	if *withTLS {
+		dir, err := os.MkdirTemp("", "leafproxy-bench-tls-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		certs, err := testenv.WriteCertificates(dir, "bench")
+		if err != nil {
+			return err
+		}
+		tlsEndpoints, stopTLS, err := selectOnly(ctx, dbURL, "", &pgbench.TLSFiles{CertFile: certs.CertFile, KeyFile: certs.KeyFile}, !*noBouncer, *goroutines)
+		if err != nil {
+			return err
+		}
+		defer stopTLS()
+		groups = append(groups, pgbench.Group{Name: "select-only-tls", Endpoints: tlsEndpoints})
 	}
 	var leafURL string
 	if *leaf {
@@ -154,8 +177,9 @@ func run() error {
 // selectOnly starts the hops of a select-only group (the proxy and, with bouncer, PgBouncer)
 // in front of the database of dbURL and returns the group's endpoints, the database
 // itself first. A non-empty socketDir makes the hops reach the server through its Unix
-// socket there.
-func selectOnly(ctx context.Context, dbURL, socketDir string, bouncer, goroutines bool) ([]pgbench.Endpoint, func(), error) {
+// socket there. With tlsFiles every leg uses TLS: pgbench requires it, the hops offer
+// that certificate and require TLS from the server.
+func selectOnly(ctx context.Context, dbURL, socketDir string, tlsFiles *pgbench.TLSFiles, bouncer, goroutines bool) ([]pgbench.Endpoint, func(), error) {
 	upstream := ""
 	if socketDir != "" {
 		port, err := serverPort(dbURL)
@@ -164,43 +188,70 @@ func selectOnly(ctx context.Context, dbURL, socketDir string, bouncer, goroutine
 		}
 		upstream = filepath.Join(socketDir, ".s.PGSQL."+port)
 	}
-	proxyURL, stopProxy, err := serveProxy(dbURL, func(s *proxy.Server) {
-		if upstream != "" {
-			s.Upstream = upstream
+	var certs []tls.Certificate
+	if tlsFiles != nil {
+		cert, err := tls.LoadX509KeyPair(tlsFiles.CertFile, tlsFiles.KeyFile)
+		if err != nil {
+			return nil, nil, err
 		}
-	})
+		certs = []tls.Certificate{cert}
+	}
+	hop := func(goroutines bool) func(s *proxy.Server) {
+		return func(s *proxy.Server) {
+			s.GoroutineRelay = goroutines
+			if upstream != "" {
+				s.Upstream = upstream
+			}
+			if certs != nil {
+				s.TLSConfig = &tls.Config{Certificates: certs}
+				s.UpstreamSSLMode = proxy.SSLRequire
+			}
+		}
+	}
+	clientURL := func(u string) string { return u }
+	if tlsFiles != nil {
+		clientURL = func(u string) string { return withSSLMode(u, "require") }
+	}
+	proxyURL, stopProxy, err := serveProxy(dbURL, hop(false))
 	if err != nil {
 		return nil, nil, err
 	}
 	endpoints := []pgbench.Endpoint{
-		{Name: "direct", URL: dbURL, Args: []string{"-S"}},
-		{Name: "proxy", URL: proxyURL, Args: []string{"-S"}, CPU: pgbench.SelfCPU},
+		{Name: "direct", URL: clientURL(dbURL), Args: []string{"-S"}},
+		{Name: "proxy", URL: clientURL(proxyURL), Args: []string{"-S"}, CPU: pgbench.SelfCPU},
 	}
 	if goroutines {
-		url, stop, err := serveProxy(dbURL, func(s *proxy.Server) {
-			s.GoroutineRelay = true
-			if upstream != "" {
-				s.Upstream = upstream
-			}
-		})
+		url, stop, err := serveProxy(dbURL, hop(true))
 		if err != nil {
 			stopProxy()
 			return nil, nil, err
 		}
 		prev := stopProxy
 		stopProxy = func() { stop(); prev() }
-		endpoints = append(endpoints, pgbench.Endpoint{Name: "proxy goroutines", URL: url, Args: []string{"-S"}, CPU: pgbench.SelfCPU})
+		endpoints = append(endpoints, pgbench.Endpoint{Name: "proxy goroutines", URL: clientURL(url), Args: []string{"-S"}, CPU: pgbench.SelfCPU})
 	}
 	if !bouncer {
 		return endpoints, stopProxy, nil
 	}
-	b, err := pgbench.StartPgBouncer(ctx, dbURL, socketDir)
+	b, err := pgbench.StartPgBouncer(ctx, dbURL, socketDir, tlsFiles)
 	if err != nil {
 		stopProxy()
 		return nil, nil, err
 	}
-	endpoints = append(endpoints, pgbench.Endpoint{Name: "pgbouncer", URL: b.URL(dbURL), Args: []string{"-S"}, CPU: b.CPU})
+	endpoints = append(endpoints, pgbench.Endpoint{Name: "pgbouncer", URL: clientURL(b.URL(dbURL)), Args: []string{"-S"}, CPU: b.CPU})
 	return endpoints, func() { b.Close(); stopProxy() }, nil
+}
+
+// withSSLMode returns rawURL with its sslmode set.
+func withSSLMode(rawURL, mode string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return rawURL
+	}
+	q := u.Query()
+	q.Set("sslmode", mode)
+	u.RawQuery = q.Encode()
+	return u.String()
 }
 
 // socketDir asks the server for the first directory of its Unix socket.

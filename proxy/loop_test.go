@@ -3,14 +3,18 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/leafproxy/leafproxy/internal/testenv"
 	"github.com/leafproxy/leafproxy/rewrite"
@@ -199,6 +203,148 @@ func testLoopHandOff(t *testing.T, db string, leg loopLeg) {
 		t.Fatalf("query after the hand-off: %d, %v", n, err)
 	}
 	checkTLS(t, conn, leg.tls, leg.tls)
+}
+
+// TestLoopStreamsLargeRows has the server send a DataRow and a CopyData larger than a loop
+// holds, in the middle of a pipeline: the loop streams them to the client as they arrive,
+// every result arrives whole and in order, and the session stays on the loop.
+func TestLoopStreamsLargeRows(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	rw, err := rewrite.New(rewrite.Settings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, leg := range loopLegs(t) {
+		for _, rewriting := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/rewriting=%v", leg.name, rewriting), func(t *testing.T) {
+				p := startProxy(t, db, leg.configure, func(s *Server) {
+					if rewriting {
+						s.Rewriter, s.IDs = rw, &stubIDs{}
+					}
+				})
+				ctx := testContext(t)
+				conn := connect(t, leg.url(p, db))
+				other := connect(t, leg.url(p, db))
+				checkTLS(t, conn, leg.tls, leg.tls)
+				const size = 5 << 20
+				batch := &pgx.Batch{}
+				batch.Queue("SELECT 1::text")
+				batch.Queue("SELECT repeat(chr(65 + i), $1) FROM generate_series(0, 2) AS i", size)
+				batch.Queue("SELECT 3::text")
+				results := conn.SendBatch(ctx, batch)
+				var one, three string
+				if err := results.QueryRow().Scan(&one); err != nil || one != "1" {
+					t.Fatalf("first result: %q, %v", one, err)
+				}
+				rows, err := results.Query()
+				if err != nil {
+					t.Fatal(err)
+				}
+				big, err := pgx.CollectRows(rows, pgx.RowTo[string])
+				if err != nil || len(big) != 3 {
+					t.Fatalf("large rows: %d, %v", len(big), err)
+				}
+				for i, row := range big {
+					if row != strings.Repeat(string(rune(65+i)), size) {
+						t.Fatalf("large row %d: %d bytes, not the text sent", i, len(row))
+					}
+				}
+				if err := results.QueryRow().Scan(&three); err != nil || three != "3" {
+					t.Fatalf("last result: %q, %v", three, err)
+				}
+				if err := results.Close(); err != nil {
+					t.Fatal(err)
+				}
+				var out bytes.Buffer
+				if _, err := conn.PgConn().CopyTo(ctx, &out, "COPY (SELECT repeat('y', 3 << 20)) TO STDOUT"); err != nil {
+					t.Fatal(err)
+				}
+				if want := strings.Repeat("y", 3<<20) + "\n"; out.String() != want {
+					t.Fatalf("COPY TO: %d bytes, want %d", out.Len(), len(want))
+				}
+				var n int
+				if err := other.QueryRow(ctx, "SELECT 7").Scan(&n); err != nil || n != 7 {
+					t.Fatalf("the other session: %d, %v", n, err)
+				}
+				for _, onLoop := range loopStates(p.srv) {
+					if !onLoop {
+						t.Fatalf("sessions on a loop: %v, want all", loopStates(p.srv))
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestLoopStreamsToASlowReader streams a 32 MiB DataRow to a client that stops reading
+// after its first MiB: the loop holds the rest back and serves another session meanwhile,
+// and once the client reads on, every byte arrives.
+func TestLoopStreamsToASlowReader(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	for _, leg := range loopLegs(t) {
+		t.Run(leg.name, func(t *testing.T) { testLoopStreamsToASlowReader(t, db, leg) })
+	}
+}
+
+func testLoopStreamsToASlowReader(t *testing.T, db string, leg loopLeg) {
+	p := startProxy(t, db, leg.configure, func(s *Server) { s.EventLoops = 1 })
+	ctx := testContext(t)
+	pg, err := pgconn.Connect(ctx, leg.url(p, db))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc, err := pg.Hijack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hc.Conn.Close()
+	_ = hc.Conn.SetDeadline(time.Now().Add(time.Minute))
+	busy := connect(t, leg.url(p, db))
+
+	const size = 32 << 20
+	query, _ := (&pgproto3.Query{String: fmt.Sprintf("SELECT repeat('x', %d)", size)}).Encode(nil)
+	if _, err := hc.Conn.Write(query); err != nil {
+		t.Fatal(err)
+	}
+	first := make([]byte, 1<<20)
+	if _, err := io.ReadFull(hc.Conn, first); err != nil {
+		t.Fatal(err)
+	}
+	// The client reads no more until the other session is done: a loop that waited for
+	// it would never get there.
+	for i := range 200 {
+		var n int
+		if err := busy.QueryRow(ctx, "SELECT $1::int", i).Scan(&n); err != nil || n != i {
+			t.Fatalf("busy query %d: %d, %v", i, n, err)
+		}
+	}
+	fe := pgproto3.NewFrontend(io.MultiReader(bytes.NewReader(first), hc.Conn), hc.Conn)
+	var got []string
+	for {
+		msg, err := fe.Receive()
+		if err != nil {
+			t.Fatalf("after %v: %v", got, err)
+		}
+		switch m := msg.(type) {
+		case *pgproto3.DataRow:
+			if len(m.Values) != 1 || !bytes.Equal(m.Values[0], bytes.Repeat([]byte("x"), size)) {
+				t.Fatalf("DataRow of %d values, not the text sent", len(m.Values))
+			}
+		case *pgproto3.ErrorResponse:
+			t.Fatalf("error %s: %s", m.Code, m.Message)
+		}
+		got = append(got, fmt.Sprintf("%T", msg))
+		if _, ok := msg.(*pgproto3.ReadyForQuery); ok {
+			break
+		}
+	}
+	want := "[*pgproto3.RowDescription *pgproto3.DataRow *pgproto3.CommandComplete *pgproto3.ReadyForQuery]"
+	if fmt.Sprint(got) != want {
+		t.Fatalf("messages %v, want %s", got, want)
+	}
+	if states := loopStates(p.srv); len(states) != 2 || !states[0] || !states[1] {
+		t.Fatalf("sessions on a loop: %v, want both", states)
+	}
 }
 
 // TestLoopSlowReader has one client read a large result slowly while another client,

@@ -16,8 +16,9 @@ import (
 
 // Bounds of a session served by an event loop.
 const (
-	// loopMaxMessage is the largest message a loop holds whole; a session that meets a
-	// larger one is handed to a goroutine pair, which streams it.
+	// loopMaxMessage is the largest message a loop holds whole. A larger DataRow or
+	// CopyData from the upstream is streamed to the client as it arrives; a session
+	// that meets any other larger message is handed to a goroutine pair.
 	loopMaxMessage = 1 << 20
 	// loopBudget is how many messages a session may handle before the loop's other
 	// sessions get their turn.
@@ -47,6 +48,7 @@ type loopSession struct {
 	shutWrite bool      // the client socket's write side is shut (draining)
 	drained   int       // bytes discarded while draining
 	deadline  time.Time // when finishing gives up waiting
+	streaming int       // body bytes of an upstream message still to stream to the client
 }
 
 // loopEnd is one of a loop session's two sockets.
@@ -241,6 +243,10 @@ func (ls *loopSession) mayRead(end *loopEnd) bool {
 	other := &ls.upstream
 	if end == &ls.upstream {
 		other = &ls.client
+	} else if ls.streaming > 0 {
+		// A client message may answer the client itself, which must not land inside
+		// the message being streamed to it.
+		return false
 	}
 	return len(other.sink.pending) == 0 && len(end.sink.pending) < loopOutputLimit
 }
@@ -267,9 +273,25 @@ func (ls *loopSession) process() {
 			r := &c.cr
 			if side == &ls.upstream {
 				r = &c.ur
+				if ls.streaming > 0 {
+					streamed, failed := ls.stream()
+					if failed {
+						ls.finish()
+						return
+					}
+					if streamed {
+						moved = true
+						budget--
+					}
+					continue
+				}
 			}
 			ready, tooLarge := ls.whole(r, &side.in)
 			if tooLarge {
+				if side == &ls.upstream && ls.startStream() {
+					moved = true
+					continue
+				}
 				ls.handOff()
 				return
 			}
@@ -341,6 +363,44 @@ func (ls *loopSession) whole(r *msgReader, in *endReader) (ready, tooLarge bool)
 	if _, err := r.br.Peek(need); err != nil {
 		return !errors.Is(err, errWouldBlock), false
 	}
+	return true, false
+}
+
+// startStream starts forwarding the upstream's next message, too large for the loop to
+// hold, to the client as its bytes arrive. Only a DataRow or CopyData qualifies: the
+// proxy passes them on untouched in every mode (see fromUpstream). It reports false for
+// any other message, and for one over the message size limit, which the handler reports.
+func (ls *loopSession) startStream() bool {
+	c := ls.c
+	typ, n, err := c.ur.peekHeader()
+	if err != nil || (typ != 'D' && typ != 'd') {
+		return false
+	}
+	_, _ = c.ur.br.Discard(5)
+	c.cwMu.Lock()
+	_ = writeHeader(c.cw, typ, n) // the sink keeps a write error for the loop to act on
+	c.cwMu.Unlock()
+	ls.streaming = n
+	return true
+}
+
+// stream forwards what has arrived of the message being streamed to the client. It
+// reports whether bytes moved, and failed when the upstream ended mid-message.
+func (ls *loopSession) stream() (streamed, failed bool) {
+	c := ls.c
+	br := c.ur.br
+	if br.Buffered() == 0 {
+		if _, err := br.Peek(1); err != nil {
+			return false, !errors.Is(err, errWouldBlock)
+		}
+	}
+	chunk := min(ls.streaming, br.Buffered())
+	p, _ := br.Peek(chunk)
+	c.cwMu.Lock()
+	_, _ = c.cw.Write(p)
+	c.cwMu.Unlock()
+	_, _ = br.Discard(chunk)
+	ls.streaming -= chunk
 	return true, false
 }
 

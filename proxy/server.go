@@ -76,7 +76,8 @@ type Server struct {
 	// By default a session whose two connections are TCP or Unix sockets, with or
 	// without TLS, is served by an event loop, which costs less CPU per message; a
 	// rewriting proxy's sessions are, when its IDs is an IDProber. A session moves to
-	// goroutines for good when it meets a message over 1 MiB.
+	// goroutines for good when it meets a message over 1 MiB other than a DataRow or
+	// CopyData from the upstream, which the loop streams.
 	GoroutineRelay bool
 	// EventLoops is the number of event loops; zero means one per four processors
 	// (GOMAXPROCS), at least one. A loop sleeps and wakes less often the more sessions

@@ -52,8 +52,16 @@ func fastPathProxy(t testing.TB, upstreamURL string) (*testProxy, *unknownTagIDs
 // rawConn opens a protocol-level connection to url.
 func rawConn(t testing.TB, url string) *pgproto3.Frontend {
 	t.Helper()
-	ctx := testContext(t)
-	pg, err := pgconn.Connect(ctx, url)
+	hc := hijacked(t, url)
+	_ = hc.Conn.SetDeadline(time.Now().Add(30 * time.Second))
+	return hc.Frontend
+}
+
+// hijacked connects to url and takes the connection over from pgconn, after the startup;
+// the connection is closed when the test ends.
+func hijacked(t testing.TB, url string) *pgconn.HijackedConn {
+	t.Helper()
+	pg, err := pgconn.Connect(testContext(t), url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,8 +70,7 @@ func rawConn(t testing.TB, url string) *pgproto3.Frontend {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { hc.Conn.Close() })
-	_ = hc.Conn.SetDeadline(time.Now().Add(30 * time.Second))
-	return hc.Frontend
+	return hc
 }
 
 // exchange sends msgs in one write and returns the responses, summarized, up to the

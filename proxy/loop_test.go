@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/leafproxy/leafproxy/internal/testenv"
@@ -289,15 +288,7 @@ func TestLoopStreamsToASlowReader(t *testing.T) {
 func testLoopStreamsToASlowReader(t *testing.T, db string, leg loopLeg) {
 	p := startProxy(t, db, leg.configure, func(s *Server) { s.EventLoops = 1 })
 	ctx := testContext(t)
-	pg, err := pgconn.Connect(ctx, leg.url(p, db))
-	if err != nil {
-		t.Fatal(err)
-	}
-	hc, err := pg.Hijack()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hc.Conn.Close()
+	hc := hijacked(t, leg.url(p, db))
 	_ = hc.Conn.SetDeadline(time.Now().Add(time.Minute))
 	busy := connect(t, leg.url(p, db))
 

@@ -454,16 +454,7 @@ func TestRewritingPassThrough(t *testing.T) {
 func TestRewriteOrderUnderPipelining(t *testing.T) {
 	db := testenv.NewDatabase(t)
 	p, _ := rewritingProxy(t, db)
-	ctx := testContext(t)
-	pg, err := pgconn.Connect(ctx, p.url(db))
-	if err != nil {
-		t.Fatal(err)
-	}
-	hc, err := pg.Hijack()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hc.Conn.Close()
+	hc := hijacked(t, p.url(db))
 	fe := hc.Frontend
 	fe.Send(&pgproto3.Query{String: "SELECT pg_sleep(0.2)::text || 'slow'"})
 	fe.Send(&pgproto3.Query{String: "SELECT leaf_next('x') FROM generate_series(1, 2)"})

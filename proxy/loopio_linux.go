@@ -219,17 +219,16 @@ func fileConn(fd int) (net.Conn, error) {
 }
 
 // resume returns the side's stream once goroutines serve it over nc, a connection over
-// the loop's descriptor, and a writer of that stream that first writes the output the
-// loop left unwritten. A TLS side goes on over its TLS connection, whose transport moves
-// to nc.
+// the loop's descriptor, and a writer of that stream. The output the loop left unwritten
+// goes first: in the writer's buffer, which the relay flushes as it starts, or for a TLS
+// side, which goes on over its TLS connection, written by the transport (resumeOn).
 func (e *loopEnd) resume(nc net.Conn) (net.Conn, *bufio.Writer) {
 	if e.tls == nil {
 		w := bufio.NewWriterSize(nc, max(writeBufferSize, len(e.sink.pending)))
 		_, _ = w.Write(e.sink.pending)
 		return nc, w
 	}
-	t := e.tls.NetConn().(*tlsTransport)
-	t.Conn, t.r, t.w, t.pending = nc, nil, nil, e.sink.pending
+	e.tls.NetConn().(*tlsTransport).resumeOn(nc, e.sink.pending)
 	return e.tls, bufio.NewWriterSize(e.tls, writeBufferSize)
 }
 

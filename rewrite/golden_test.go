@@ -56,6 +56,7 @@ type result struct {
 	Execute      string     `json:"execute,omitempty"`
 	Deallocate   string     `json:"deallocate,omitempty"`
 	SessionRefs  []string   `json:"session_refs,omitempty"`
+	CopyFill     []string   `json:"copy_fill,omitempty"`
 	Error        *goldenErr `json:"error,omitempty"`
 }
 
@@ -117,6 +118,11 @@ func describe(t testing.TB, sql string, p *Plan, err error) *result {
 	}
 	for _, s := range p.SessionRefs {
 		r.SessionRefs = append(r.SessionRefs, fmt.Sprintf("name=%s all=%v", s.Name, s.All))
+	}
+	if x := p.CopyFill; x != nil {
+		for _, s := range x.Keys {
+			r.CopyFill = append(r.CopyFill, s.String())
+		}
 	}
 	return r
 }

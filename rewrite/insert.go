@@ -235,24 +235,77 @@ func hasValueFor(cols []*pg_query.Node, src *pg_query.Node, col string) bool {
 	return true
 }
 
-// copyFrom refuses a COPY … FROM into a filled table whose column list
-// leaves the key out. The proxy does not rewrite the data stream, so the
-// rows would get the column's default from the database (a sequence that
-// knows nothing of the IDs the proxy hands out) or fail on NOT NULL after
-// part of the load. Without a column list COPY reads every column, the key
+// copyFrom plans a COPY … FROM into a filled table whose column list leaves
+// a key out. From STDIN in the binary format the proxy adds the key to the
+// column list and an ID to every tuple of the data stream (CopyFill): a
+// binary tuple says where it ends and how many fields it has, so the proxy
+// reads the stream exactly. Any other COPY FROM is refused, since its rows
+// would take the key from the column's default (a sequence that knows
+// nothing of the IDs the proxy hands out) or fail on NOT NULL part way
+// through the load. Without a column list COPY reads every column, the key
 // among them, from the data.
 func (p *planner) copyFrom(c *pg_query.CopyStmt) {
 	if !c.IsFrom || len(c.Attlist) == 0 {
 		return
 	}
+	var missing []fillRule
 	for _, rule := range p.rw.rules(c.Relation) {
-		if columnName(c.Attlist, rule.Column) {
-			continue
+		if !columnName(c.Attlist, rule.Column) {
+			missing = append(missing, rule)
 		}
-		p.fail(p.errAt(CodeNotSupported, int(c.Relation.Location),
-			"List "+rule.colSQL+" in the column list and give every row an ID (from SELECT leaf_next('"+strings.ReplaceAll(rule.Tag, "'", "''")+"') or the HTTP API), or load with INSERT … VALUES so that the proxy fills it.",
-			"COPY into %s without %s is not supported: the proxy fills %s only in INSERT … VALUES", c.Relation.Relname, rule.Column, rule.Column))
 	}
+	if len(missing) == 0 {
+		return
+	}
+	if c.Filename == "" && !c.IsProgram && copyFormat(c) == "binary" {
+		p.addCopyKeys(c, missing)
+		return
+	}
+	for _, rule := range missing {
+		p.fail(p.errAt(CodeNotSupported, int(c.Relation.Location),
+			"List "+rule.colSQL+" in the column list and give every row an ID (from SELECT leaf_next('"+strings.ReplaceAll(rule.Tag, "'", "''")+"') or the HTTP API), load with INSERT … VALUES, or use COPY … FROM STDIN (FORMAT binary), as pgx's CopyFrom does, with a bigint key: the proxy fills the key in those.",
+			"COPY into %s without %s is not supported: the proxy fills %s only in INSERT … VALUES and in COPY … FROM STDIN (FORMAT binary)", c.Relation.Relname, rule.Column, rule.Column))
+	}
+}
+
+// copyFormat returns the FORMAT option of a COPY, "text" when there is none.
+func copyFormat(c *pg_query.CopyStmt) string {
+	format := "text"
+	for _, o := range c.Options {
+		if d := o.GetDefElem(); d != nil && d.Defname == "format" {
+			format = strings.ToLower(d.Arg.GetString_().GetSval())
+		}
+	}
+	return format
+}
+
+// addCopyKeys appends the missing key columns to a COPY's column list and
+// records them in the plan's CopyFill.
+func (p *planner) addCopyKeys(c *pg_query.CopyStmt, missing []fillRule) {
+	toks := p.tokens()
+	c0 := toks.at(int(c.Relation.Location))
+	open := -1
+	for i := c0; i >= 0 && i < len(toks); i++ {
+		if toks.is(i, pg_query.Token_ASCII_40) {
+			open = i
+			break
+		}
+	}
+	end := -1
+	if open >= 0 {
+		end = toks.matchParen(open)
+	}
+	if end < 0 {
+		p.internal(int(c.Relation.Location), "the column list of the COPY")
+		return
+	}
+	at := int(toks[end].Start)
+	fill := &CopyFill{}
+	for _, rule := range missing {
+		p.add(slotEdit{edit: edit{start: at, end: at, text: ", " + rule.colSQL}})
+		fill.Keys = append(fill.Keys, Slot{Kind: SlotTag, Tag: rule.Tag})
+	}
+	p.copyFill = fill
 }
 
 // columnName reports whether a COPY column list names col.

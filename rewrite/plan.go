@@ -96,6 +96,14 @@ func (e *Execute) Tag(param int) (string, error) {
 	return a.Value, nil
 }
 
+// CopyFill describes COPY table (columns) FROM STDIN in the binary format into a
+// filled table whose column list leaves keys out: the rewritten statement lists
+// them after the client's columns, and the proxy appends one int8 field per key,
+// a fresh ID, to every tuple of the data stream.
+type CopyFill struct {
+	Keys []Slot // one per key column added, in the order they are added
+}
+
 // Deallocate describes DEALLOCATE [PREPARE] name | ALL and DISCARD ALL
 // (which deallocates everything).
 type Deallocate struct {
@@ -124,6 +132,9 @@ type Plan struct {
 	Prepare    *Prepare
 	Execute    *Execute
 	Deallocate *Deallocate
+	// CopyFill is set when the string is a COPY … FROM STDIN (FORMAT binary)
+	// whose rows the proxy must give keys; the text has no slots then.
+	CopyFill *CopyFill
 	// SessionRefs lists, for a string of several statements, the EXECUTE and
 	// DEALLOCATE/DISCARD ALL statements in it; see SessionConflict.
 	SessionRefs []SessionRef

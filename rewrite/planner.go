@@ -33,6 +33,7 @@ type planner struct {
 	exec       *execEdit
 	deallocate *Deallocate
 	refs       []SessionRef
+	copyFill   *CopyFill
 }
 
 // slotEdit is an edit before slots are numbered: hasSlot marks the edits
@@ -104,7 +105,12 @@ func (p *planner) plan(tree *pg_query.ParseResult) (*Plan, error) {
 			Message: "PREPARE of a statement with leaf IDs inside a query of several statements is not supported",
 			Hint:    "Send the PREPARE as its own query."}
 	}
-	if len(p.edits) == 0 && p.prepare == nil && p.execute == nil && p.deallocate == nil && len(p.refs) == 0 {
+	if multi && p.copyFill != nil {
+		return nil, &Error{Code: CodeNotSupported,
+			Message: "COPY … FROM STDIN whose rows the proxy gives keys inside a query of several statements is not supported",
+			Hint:    "Send the COPY as its own query."}
+	}
+	if len(p.edits) == 0 && p.prepare == nil && p.execute == nil && p.deallocate == nil && len(p.refs) == 0 && p.copyFill == nil {
 		return nil, nil
 	}
 	out := &Plan{sql: sql, MaxParam: p.maxParam}
@@ -136,6 +142,7 @@ func (p *planner) plan(tree *pg_query.ParseResult) (*Plan, error) {
 			}
 		}
 		out.FastPath = fastPath(tree.Stmts[0].Stmt, out.Slots)
+		out.CopyFill = p.copyFill
 	}
 	return out, nil
 }

@@ -492,3 +492,19 @@ func TestShapeServedTextsStayOutOfTextCache(t *testing.T) {
 		t.Errorf("Plan(%q) was evicted from the text cache", params)
 	}
 }
+
+// TestShapeKeysCopyFormat plans a binary COPY, then the same text with the format as
+// another string constant: the shape cache must not serve the binary plan, whose keys
+// the proxy would write into a CSV stream.
+func TestShapeKeysCopyFormat(t *testing.T) {
+	rw, err := New(goldenSettings)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err := rw.Plan("COPY orders (item) FROM STDIN (FORMAT 'binary')"); err != nil || p == nil || p.CopyFill == nil {
+		t.Fatalf("binary COPY: %v, %v", p, err)
+	}
+	if p, err := rw.Plan("COPY orders (item) FROM STDIN (FORMAT 'csv')"); err == nil {
+		t.Fatalf("CSV COPY planned as %+v, want a refusal", p)
+	}
+}

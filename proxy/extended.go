@@ -34,6 +34,11 @@ func (c *conn) handleParse(body []byte, mat *localStatement) error {
 	}
 	oids := rest[2:]
 	plan, err := c.plan(query)
+	if err == nil && plan != nil && plan.CopyFill != nil {
+		err = &rewrite.Error{Code: rewrite.CodeNotSupported,
+			Message: "COPY … FROM STDIN whose rows the proxy gives keys is not supported in the extended query protocol",
+			Hint:    "Send the COPY as a simple query, as pgx's CopyFrom and psql do."}
+	}
 	if err != nil {
 		return c.refuseExtended(err, name == "")
 	}

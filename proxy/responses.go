@@ -41,6 +41,12 @@ func (c *conn) fromUpstreamRewriting(typ byte, n int) (fatal bool, err error) {
 			return false, err
 		}
 		return false, c.writeClient(typ, c.stripHidden(body))
+	case 'G':
+		body, err := c.ur.readBody(n)
+		if err != nil {
+			return false, err
+		}
+		return false, c.writeClient(typ, c.stripCopyKeys(body))
 	case '1', '2', '3', 'n', 'T', 'C', 'I', 's':
 		// The one response that ends a Parse, Bind, Close, Describe or Execute.
 		if !c.terminalResponse(typ) {
@@ -111,6 +117,9 @@ func (c *conn) readyForQuery(body []byte) error {
 		cy := s.popLocked()
 		if s.cur == cy {
 			s.cur = nil // a server-initiated end of an open cycle (should not happen)
+		}
+		if s.copyIn != nil && s.copyIn.cy == cy {
+			s.copyIn = nil // the COPY failed before the client finished, or never started
 		}
 		s.settleLocked(cy)
 		s.recycleLocked(cy)

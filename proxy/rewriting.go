@@ -30,6 +30,14 @@ func (c *conn) fromClientRewriting(typ byte, n int) error {
 			return unexpected(err)
 		}
 	}
+	if typ == 'd' || typ == 'c' || typ == 'f' {
+		s.mu.Lock()
+		ci := s.copyIn
+		s.mu.Unlock()
+		if ci != nil {
+			return c.onCopyIn(ci, typ, n)
+		}
+	}
 	if handled, err := c.fromClientLocal(typ, n); handled || err != nil {
 		return err
 	}
@@ -115,6 +123,9 @@ func (c *conn) onQuery(n int) error {
 	cy := s.openLocked()
 	s.cur = nil
 	s.applySQLEffectsLocked(cy, plan)
+	if x := plan.CopyFill; x != nil {
+		s.copyIn = c.newCopyIn(cy, x)
+	}
 	s.mu.Unlock()
 	c.pending.Add(1)
 	c.rewritten("query")

@@ -55,6 +55,18 @@ func (s *stubIDs) Next(_ context.Context, tag string) (int64, error) {
 	return s.next[tag], nil
 }
 
+// issued returns how many IDs of tag Next has handed out.
+func (s *stubIDs) issued(tag string) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, t := range s.tags {
+		if t == tag {
+			return s.next[tag] - int64(1000*(i+1))
+		}
+	}
+	return 0
+}
+
 func (s *stubIDs) NextSnowflake(ctx context.Context) (int64, error) {
 	id, err := s.Next(ctx, "\x00snowflake")
 	return 1<<40 + id, err
@@ -76,18 +88,19 @@ func (s *stubIDs) TryNextSnowflake() (int64, bool) {
 	return 1<<40 + id, ok
 }
 
-// rewritingProxy starts a proxy that fills orders.id from tag "order".
-func rewritingProxy(t *testing.T, db string) (*testProxy, *stubIDs) {
+// rewritingProxy starts a proxy that fills orders.id from tag "order"; configure may set
+// further fields.
+func rewritingProxy(t *testing.T, db string, configure ...func(*Server)) (*testProxy, *stubIDs) {
 	t.Helper()
 	rw, err := rewrite.New(rewrite.Settings{Fill: []rewrite.FillRule{{Table: "orders", Column: "id", Tag: "order"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ids := &stubIDs{}
-	p := startProxy(t, db, func(s *Server) {
+	p := startProxy(t, db, append([]func(*Server){func(s *Server) {
 		s.Rewriter = rw
 		s.IDs = ids
-	})
+	}}, configure...)...)
 	return p, ids
 }
 

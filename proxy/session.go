@@ -68,6 +68,7 @@ type sessionState struct {
 	spare  []*cycle // finished cycles kept for reuse: no allocation per request
 	cur    *cycle   // the open extended-protocol cycle (no Sync yet); also in queue
 	skip   bool     // after a refusal: discard client messages until Sync
+	copyIn *copyIn  // a COPY FROM STDIN whose rows get keys, from its Query to its end
 	idsBuf []int64
 	outBuf []byte
 

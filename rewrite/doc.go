@@ -45,10 +45,12 @@
 //     column list into a filled table is refused (0A000): without the catalog
 //     the proxy cannot know the column order. A key given as a parameter or an
 //     expression passes untouched even if it is NULL at run time; only DEFAULT
-//     and a literal NULL are replaced. COPY … FROM does not fill keys (the data
-//     stream is not rewritten); one into a filled table whose column list
-//     leaves the key out is refused (0A000), since its rows would take the
-//     key from the column's default.
+//     and a literal NULL are replaced.
+//   - COPY … FROM STDIN in the binary format into a filled table whose column
+//     list leaves keys out gets them appended to the list, and a CopyFill
+//     tells the proxy to append one int8 field per key to every tuple. Any
+//     other COPY FROM that leaves a key out (text, CSV, a file, a program) is
+//     refused (0A000): its rows would take the key from the column's default.
 //   - PREPARE name AS <statement with slots> declares the slots as trailing
 //     int8 parameters (PREPARE p (unknown, int8) AS …; a parameter that only
 //     carried a leaf_next tag is declared text), so each EXECUTE appends fresh

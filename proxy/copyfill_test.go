@@ -314,3 +314,17 @@ func TestCopyInResponseShowsClientColumns(t *testing.T) {
 		t.Fatalf("%d rows, %d with a key, %v", rows, keyed, err)
 	}
 }
+
+// TestCopyFillRefusedInExtendedProtocol refuses a filled COPY sent through Parse: the
+// proxy fills keys only in a COPY sent as a simple query.
+func TestCopyFillRefusedInExtendedProtocol(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p, _ := rewritingProxy(t, db)
+	fe := rawConn(t, p.url(db))
+	got := strings.Join(exchange(t, fe,
+		&pgproto3.Parse{Query: "COPY orders (item) FROM STDIN (FORMAT binary)"}, &pgproto3.Sync{},
+		&pgproto3.Query{String: "SELECT 1"}), " ")
+	if !strings.HasPrefix(got, "error:0A000 ready") || !strings.HasSuffix(got, "complete:SELECT 1 ready") {
+		t.Fatalf("got %s", got)
+	}
+}

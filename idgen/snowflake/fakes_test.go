@@ -62,11 +62,22 @@ type fakeSource struct {
 	mu            sync.Mutex
 	leases        []*fakeLease
 	fail          error
+	gate          chan struct{} // when set, Acquire waits for it to close
 }
 
 func (s *fakeSource) Name() string { return "fake" }
 
-func (s *fakeSource) Acquire(context.Context) (worker.Lease, error) {
+func (s *fakeSource) Acquire(ctx context.Context) (worker.Lease, error) {
+	s.mu.Lock()
+	gate := s.gate
+	s.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.fail != nil {

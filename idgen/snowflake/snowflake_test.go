@@ -362,13 +362,17 @@ func TestLostLeaseIsReplaced(t *testing.T) {
 				OnWorkerAcquired: func(id int64) { mu.Lock(); acquired = append(acquired, id); mu.Unlock() },
 			}})
 			first := mustNext(t, e)
+			// The replacement waits for the gate, so that Next certainly runs in
+			// between the loss and the new lease.
+			gate := make(chan struct{})
 			src.mu.Lock()
-			src.id, src.highWater = tc.newID, tc.newHW
+			src.id, src.highWater, src.gate = tc.newID, tc.newHW, gate
 			src.mu.Unlock()
 			src.Lease(0).lose()
 			if _, err := e.Next(ctx, ""); !errors.Is(err, idgen.ErrWorkerNotHeld) {
 				t.Fatalf("Next right after the loss = %v, want ErrWorkerNotHeld", err)
 			}
+			close(gate)
 			var id int64
 			waitUntil(t, 5*time.Second, "a new worker ID", func() bool {
 				var err error

@@ -208,6 +208,16 @@ func (c *conn) onCopyIn(ci *copyIn, typ byte, n int) error {
 	if err != nil {
 		ci.failed = true
 		c.log.WithError(err).Debug("failing a COPY whose rows get keys")
+		r := errorResponse(err)
+		if errors.Is(err, errCopyFormat) {
+			r = errorResponse(&rewrite.Error{Code: codeBadCopyFormat, Message: err.Error(),
+				Hint: "The proxy gives keys to the rows of COPY … FROM STDIN (FORMAT binary) only."})
+		}
+		s.mu.Lock()
+		if s.copyIn == ci { // else the COPY's cycle is over, and the server's word stands
+			ci.cy.copyFailure = r
+		}
+		s.mu.Unlock()
 		return c.send('f', append([]byte("leafproxy: "+err.Error()), 0))
 	}
 	s.outBuf = keepSmall(out)
@@ -215,6 +225,29 @@ func (c *conn) onCopyIn(ci *copyIn, typ byte, n int) error {
 		return nil
 	}
 	return c.send('d', out)
+}
+
+// SQLSTATEs of a filled COPY that fails.
+const (
+	codeBadCopyFormat = "22P04" // bad_copy_file_format: data the proxy cannot read as binary
+	codeQueryCanceled = "57014" // query_canceled: the server's answer to a CopyFail
+)
+
+// copyFailure returns, for the server's error about a CopyFail the proxy sent, the
+// proxy's own error that says why: an ID source's SQLSTATE (42704, 55000, 58000) or
+// 22P04, rather than the server's 57014.
+func (c *conn) copyFailure(body []byte) *refusal {
+	s := &c.sess
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cy := s.headLocked()
+	if cy == nil || cy.copyFailure.msg == nil || !bytes.Equal(errorField(body, 'C'), []byte(codeQueryCanceled)) {
+		return nil
+	}
+	r := cy.copyFailure
+	cy.copyFailure = refusal{}
+	cy.failed = true
+	return &r
 }
 
 // stripCopyKeys removes the key columns a filled COPY added from its CopyInResponse, so

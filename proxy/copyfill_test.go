@@ -223,8 +223,8 @@ func TestCopyFromFillsKeys(t *testing.T) {
 }
 
 // TestCopyFromFailures fails a filled COPY three ways: the client gives up (CopyFail), an
-// ID cannot be had (the proxy fails the COPY), and the server refuses a row. Nothing of
-// the COPY is kept, and the session goes on.
+// ID cannot be had (the proxy fails the COPY and reports the ID source's SQLSTATE), and
+// the server refuses a row. Nothing of the COPY is kept, and the session goes on.
 func TestCopyFromFailures(t *testing.T) {
 	url, direct := refusalProxy(t)
 	ctx := testContext(t)
@@ -245,7 +245,7 @@ func TestCopyFromFailures(t *testing.T) {
 				return []any{"row"}, nil
 			}
 		}()), "57014", "the source broke"},
-		{"no ID for the tag", "lost", pgx.CopyFromRows([][]any{{"a"}, {"b"}}), "57014", "leafproxy: "},
+		{"no ID for the tag", "lost", pgx.CopyFromRows([][]any{{"a"}, {"b"}}), "42704", ""},
 		{"row refused by the server", "orders", pgx.CopyFromRows([][]any{{"a"}, {nil}}), "23502", ""},
 	}
 	for _, tt := range tests {
@@ -326,5 +326,52 @@ func TestCopyFillRefusedInExtendedProtocol(t *testing.T) {
 		&pgproto3.Query{String: "SELECT 1"}), " ")
 	if !strings.HasPrefix(got, "error:0A000 ready") || !strings.HasSuffix(got, "complete:SELECT 1 ready") {
 		t.Fatalf("got %s", got)
+	}
+}
+
+// TestCopyFillFailsOnTextData sends text-format data to a filled binary COPY: the proxy
+// fails the COPY with 22P04, nothing is kept, and the session goes on.
+func TestCopyFillFailsOnTextData(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p, _ := rewritingProxy(t, db)
+	direct := connect(t, db)
+	if _, err := direct.Exec(testContext(t), "CREATE TABLE orders (id int8 PRIMARY KEY, item text)"); err != nil {
+		t.Fatal(err)
+	}
+	fe := rawConn(t, p.url(db))
+	fe.Send(&pgproto3.Query{String: "COPY orders (item) FROM STDIN (FORMAT binary)"})
+	if err := fe.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if msg, err := fe.Receive(); err != nil {
+		t.Fatal(err)
+	} else if _, ok := msg.(*pgproto3.CopyInResponse); !ok {
+		t.Fatalf("got %#v, want CopyInResponse", msg)
+	}
+	fe.Send(&pgproto3.CopyData{Data: []byte("book\npen\nlamp, with a longer line than a binary header\n")})
+	fe.Send(&pgproto3.CopyDone{})
+	fe.Send(&pgproto3.Query{String: "SELECT count(*) FROM orders"})
+	if err := fe.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for ready := 0; ready < 2; {
+		msg, err := fe.Receive()
+		if err != nil {
+			t.Fatalf("after %q: %v", got, err)
+		}
+		if s := summarize(msg); s != "" {
+			got = append(got, s)
+		}
+		if _, ok := msg.(*pgproto3.ReadyForQuery); ok {
+			ready++
+		}
+	}
+	if s := strings.Join(got, " "); !strings.HasPrefix(s, "error:22P04 ready") || !strings.Contains(s, "complete:SELECT 1 ready") {
+		t.Fatalf("got %s", s)
+	}
+	var rows int
+	if err := direct.QueryRow(testContext(t), "SELECT count(*) FROM orders").Scan(&rows); err != nil || rows != 0 {
+		t.Fatalf("%d rows kept, %v", rows, err)
 	}
 }

@@ -29,7 +29,11 @@ func (c *conn) fromUpstreamRewriting(typ byte, n int) (fatal bool, err error) {
 		if err != nil {
 			return false, err
 		}
-		if mine := c.upstreamError(body); mine != nil {
+		mine := c.copyFailure(body)
+		if mine == nil {
+			mine = c.upstreamError(body)
+		}
+		if mine != nil {
 			c.countError(*mine)
 			_, err := c.cw.Write(mine.msg)
 			return false, err

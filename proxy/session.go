@@ -49,6 +49,9 @@ type cycle struct {
 	// refusal (see refusal.go).
 	refusal refusal
 	standIn int
+	// copyFailure is the proxy's own error for a filled COPY it failed with CopyFail: it
+	// replaces the server's error about the CopyFail (see copyfill.go).
+	copyFailure refusal
 
 	describes  []int // per Describe of a statement, the hidden parameters to strip
 	paramDescs int   // ParameterDescriptions relayed so far

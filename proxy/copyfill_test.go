@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -373,5 +374,34 @@ func TestCopyFillFailsOnTextData(t *testing.T) {
 	var rows int
 	if err := direct.QueryRow(testContext(t), "SELECT count(*) FROM orders").Scan(&rows); err != nil || rows != 0 {
 		t.Fatalf("%d rows kept, %v", rows, err)
+	}
+}
+
+// TestCopyFillPsql loads a binary file with psql's \copy into a filled table: psql
+// streams the file in chunks of its own, and every row gets its key.
+func TestCopyFillPsql(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p, _ := rewritingProxy(t, db)
+	direct := connect(t, db)
+	if _, err := direct.Exec(testContext(t), "CREATE TABLE orders (id int8 PRIMARY KEY, item text, qty int4)"); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "orders.bin")
+	out, err := runTool(t, "psql", "-X", "-v", "ON_ERROR_STOP=1", "-d", db, "-c",
+		`\copy (SELECT 'item ' || i, i FROM generate_series(1, 20000) AS i) to '`+file+`' with (format binary)`)
+	if err != nil {
+		t.Fatalf("export: %v\n%s", err, out)
+	}
+	out, err = runTool(t, "psql", "-X", "-v", "ON_ERROR_STOP=1", "-d", p.url(db), "-c",
+		`\copy orders (item, qty) from '`+file+`' with (format binary)`)
+	if err != nil || !strings.Contains(out, "COPY 20000") {
+		t.Fatalf("\\copy through the proxy: %v\n%s", err, out)
+	}
+	var rows, keys, wrong int
+	if err := direct.QueryRow(testContext(t), "SELECT count(*), count(DISTINCT id), count(*) FILTER (WHERE item <> 'item ' || qty) FROM orders").Scan(&rows, &keys, &wrong); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 20000 || keys != 20000 || wrong != 0 {
+		t.Fatalf("%d rows, %d distinct keys, %d rows not as exported", rows, keys, wrong)
 	}
 }

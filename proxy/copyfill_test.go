@@ -266,18 +266,24 @@ func TestCopyFromFailures(t *testing.T) {
 	}
 }
 
-// TestCopyInResponseShowsClientColumns checks what a client sees of a filled COPY on the
-// wire: a CopyInResponse with the columns it listed (the server's has the key too), and
-// the server's count of the rows loaded.
-func TestCopyInResponseShowsClientColumns(t *testing.T) {
+// ordersProxy starts a proxy that fills orders.id, in front of a fresh database whose
+// orders table has the given columns besides the key; it returns the database's URL, the
+// proxy and a direct connection.
+func ordersProxy(t *testing.T, columns string) (string, *testProxy, *pgx.Conn) {
+	t.Helper()
 	db := testenv.NewDatabase(t)
 	p, _ := rewritingProxy(t, db)
 	direct := connect(t, db)
-	if _, err := direct.Exec(testContext(t), "CREATE TABLE orders (id int8 PRIMARY KEY, item text, qty int4)"); err != nil {
+	if _, err := direct.Exec(testContext(t), "CREATE TABLE orders (id int8 PRIMARY KEY, "+columns+")"); err != nil {
 		t.Fatal(err)
 	}
-	fe := rawConn(t, p.url(db))
-	fe.Send(&pgproto3.Query{String: "COPY orders (item, qty) FROM STDIN (FORMAT binary)"})
+	return db, p, direct
+}
+
+// startCopy sends a COPY … FROM STDIN and returns the CopyInResponse that answers it.
+func startCopy(t *testing.T, fe *pgproto3.Frontend, sql string) *pgproto3.CopyInResponse {
+	t.Helper()
+	fe.Send(&pgproto3.Query{String: sql})
 	if err := fe.Flush(); err != nil {
 		t.Fatal(err)
 	}
@@ -286,29 +292,49 @@ func TestCopyInResponseShowsClientColumns(t *testing.T) {
 		t.Fatal(err)
 	}
 	in, ok := msg.(*pgproto3.CopyInResponse)
-	if !ok || in.OverallFormat != 1 || len(in.ColumnFormatCodes) != 2 {
-		t.Fatalf("got %#v, want a binary CopyInResponse of 2 columns", msg)
+	if !ok {
+		t.Fatalf("got %#v, want CopyInResponse", msg)
 	}
-	data := encodeCopy(nil, []binaryTuple{{[]byte("pen"), []byte{0, 0, 0, 2}}, {nil, nil}}, true)
-	fe.Send(&pgproto3.CopyData{Data: data[:10]})
-	fe.Send(&pgproto3.CopyData{Data: data[10:]})
-	fe.Send(&pgproto3.CopyDone{})
+	return in
+}
+
+// untilReady flushes what fe holds and returns the summaries of the responses up to the
+// n-th ReadyForQuery.
+func untilReady(t *testing.T, fe *pgproto3.Frontend, n int) string {
+	t.Helper()
 	if err := fe.Flush(); err != nil {
 		t.Fatal(err)
 	}
 	var got []string
-	for {
+	for ready := 0; ready < n; {
 		msg, err := fe.Receive()
 		if err != nil {
 			t.Fatalf("after %q: %v", got, err)
 		}
 		got = append(got, summarize(msg))
 		if _, ok := msg.(*pgproto3.ReadyForQuery); ok {
-			break
+			ready++
 		}
 	}
-	if s := strings.Join(got, " "); !strings.HasPrefix(s, "complete:COPY 2 ") || len(got) != 2 {
-		t.Fatalf("after the data: %s", s)
+	return strings.Join(got, " ")
+}
+
+// TestCopyInResponseShowsClientColumns checks what a client sees of a filled COPY on the
+// wire: a CopyInResponse with the columns it listed (the server's has the key too), and
+// the server's count of the rows loaded.
+func TestCopyInResponseShowsClientColumns(t *testing.T) {
+	db, p, direct := ordersProxy(t, "item text, qty int4")
+	fe := rawConn(t, p.url(db))
+	in := startCopy(t, fe, "COPY orders (item, qty) FROM STDIN (FORMAT binary)")
+	if in.OverallFormat != 1 || len(in.ColumnFormatCodes) != 2 {
+		t.Fatalf("got %#v, want a binary CopyInResponse of 2 columns", in)
+	}
+	data := encodeCopy(nil, []binaryTuple{{[]byte("pen"), []byte{0, 0, 0, 2}}, {nil, nil}}, true)
+	fe.Send(&pgproto3.CopyData{Data: data[:10]})
+	fe.Send(&pgproto3.CopyData{Data: data[10:]})
+	fe.Send(&pgproto3.CopyDone{})
+	if got := untilReady(t, fe, 1); got != "complete:COPY 2 ready" {
+		t.Fatalf("after the data: %s", got)
 	}
 	var rows, keyed int
 	if err := direct.QueryRow(testContext(t), "SELECT count(*), count(id) FROM orders").Scan(&rows, &keyed); err != nil || rows != 2 || keyed != 2 {
@@ -319,8 +345,7 @@ func TestCopyInResponseShowsClientColumns(t *testing.T) {
 // TestCopyFillRefusedInExtendedProtocol refuses a filled COPY sent through Parse: the
 // proxy fills keys only in a COPY sent as a simple query.
 func TestCopyFillRefusedInExtendedProtocol(t *testing.T) {
-	db := testenv.NewDatabase(t)
-	p, _ := rewritingProxy(t, db)
+	db, p, _ := ordersProxy(t, "item text")
 	fe := rawConn(t, p.url(db))
 	got := strings.Join(exchange(t, fe,
 		&pgproto3.Parse{Query: "COPY orders (item) FROM STDIN (FORMAT binary)"}, &pgproto3.Sync{},
@@ -333,43 +358,14 @@ func TestCopyFillRefusedInExtendedProtocol(t *testing.T) {
 // TestCopyFillFailsOnTextData sends text-format data to a filled binary COPY: the proxy
 // fails the COPY with 22P04, nothing is kept, and the session goes on.
 func TestCopyFillFailsOnTextData(t *testing.T) {
-	db := testenv.NewDatabase(t)
-	p, _ := rewritingProxy(t, db)
-	direct := connect(t, db)
-	if _, err := direct.Exec(testContext(t), "CREATE TABLE orders (id int8 PRIMARY KEY, item text)"); err != nil {
-		t.Fatal(err)
-	}
+	db, p, direct := ordersProxy(t, "item text")
 	fe := rawConn(t, p.url(db))
-	fe.Send(&pgproto3.Query{String: "COPY orders (item) FROM STDIN (FORMAT binary)"})
-	if err := fe.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	if msg, err := fe.Receive(); err != nil {
-		t.Fatal(err)
-	} else if _, ok := msg.(*pgproto3.CopyInResponse); !ok {
-		t.Fatalf("got %#v, want CopyInResponse", msg)
-	}
+	startCopy(t, fe, "COPY orders (item) FROM STDIN (FORMAT binary)")
 	fe.Send(&pgproto3.CopyData{Data: []byte("book\npen\nlamp, with a longer line than a binary header\n")})
 	fe.Send(&pgproto3.CopyDone{})
-	fe.Send(&pgproto3.Query{String: "SELECT count(*) FROM orders"})
-	if err := fe.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for ready := 0; ready < 2; {
-		msg, err := fe.Receive()
-		if err != nil {
-			t.Fatalf("after %q: %v", got, err)
-		}
-		if s := summarize(msg); s != "" {
-			got = append(got, s)
-		}
-		if _, ok := msg.(*pgproto3.ReadyForQuery); ok {
-			ready++
-		}
-	}
-	if s := strings.Join(got, " "); !strings.HasPrefix(s, "error:22P04 ready") || !strings.Contains(s, "complete:SELECT 1 ready") {
-		t.Fatalf("got %s", s)
+	fe.Send(&pgproto3.Query{String: "SELECT 1"})
+	if got := untilReady(t, fe, 2); !strings.HasPrefix(got, "error:22P04 ready") || !strings.HasSuffix(got, "complete:SELECT 1 ready") {
+		t.Fatalf("got %s", got)
 	}
 	var rows int
 	if err := direct.QueryRow(testContext(t), "SELECT count(*) FROM orders").Scan(&rows); err != nil || rows != 0 {
@@ -380,12 +376,7 @@ func TestCopyFillFailsOnTextData(t *testing.T) {
 // TestCopyFillPsql loads a binary file with psql's \copy into a filled table: psql
 // streams the file in chunks of its own, and every row gets its key.
 func TestCopyFillPsql(t *testing.T) {
-	db := testenv.NewDatabase(t)
-	p, _ := rewritingProxy(t, db)
-	direct := connect(t, db)
-	if _, err := direct.Exec(testContext(t), "CREATE TABLE orders (id int8 PRIMARY KEY, item text, qty int4)"); err != nil {
-		t.Fatal(err)
-	}
+	db, p, direct := ordersProxy(t, "item text, qty int4")
 	file := filepath.Join(t.TempDir(), "orders.bin")
 	out, err := runTool(t, "psql", "-X", "-v", "ON_ERROR_STOP=1", "-d", db, "-c",
 		`\copy (SELECT 'item ' || i, i FROM generate_series(1, 20000) AS i) to '`+file+`' with (format binary)`)

@@ -16,7 +16,6 @@ import (
 // its cycle, whichever comes first.
 type copyIn struct {
 	cy     *cycle // the Query's cycle
-	keys   int    // key columns the rewritten COPY added
 	filler copyFiller
 	failed bool // the proxy failed the COPY (CopyFail); the client's data is dropped
 }
@@ -177,7 +176,7 @@ func (f *copyFiller) endField(dst []byte) []byte {
 // forward.
 func (c *conn) newCopyIn(cy *cycle, fill *rewrite.CopyFill) *copyIn {
 	next := func(k rewrite.Slot) (int64, error) { return c.nextID(k, "") }
-	return &copyIn{cy: cy, keys: len(fill.Keys), filler: copyFiller{keys: fill.Keys, nextID: next}}
+	return &copyIn{cy: cy, filler: copyFiller{keys: fill.Keys, nextID: next}}
 }
 
 // onCopyIn handles a CopyData, CopyDone or CopyFail of a COPY whose rows get keys. When
@@ -260,11 +259,11 @@ func (c *conn) stripCopyKeys(body []byte) []byte {
 	if ci == nil || ci.cy != head || len(body) < 3 {
 		return body
 	}
-	cols := int(binary.BigEndian.Uint16(body[1:3]))
-	if cols < ci.keys || len(body) != 3+2*cols {
+	cols, keys := int(binary.BigEndian.Uint16(body[1:3])), len(ci.filler.keys)
+	if cols < keys || len(body) != 3+2*cols {
 		return body
 	}
-	out := append([]byte(nil), body[:3+2*(cols-ci.keys)]...)
-	binary.BigEndian.PutUint16(out[1:3], uint16(cols-ci.keys))
+	out := append([]byte(nil), body[:3+2*(cols-keys)]...)
+	binary.BigEndian.PutUint16(out[1:3], uint16(cols-keys))
 	return out
 }

@@ -345,6 +345,9 @@ func TestHolderThatCannotRenewStopsIssuing(t *testing.T) {
 		after, err = e.Next(ctx, "")
 		return err == nil
 	})
+	// As with the fenced hook, the lease counts as held again just before the regained
+	// hook runs on the renewal goroutine.
+	waitUntil(t, time.Second, "the regained hook", func() bool { return regained.Load() >= 1 })
 	if after <= before || e.Decompose(after).Worker != e.Decompose(before).Worker || regained.Load() != 1 {
 		t.Fatalf("after the outage: ID %d (before %d), regained %d", after, before, regained.Load())
 	}

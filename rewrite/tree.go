@@ -196,7 +196,7 @@ func (d *treeDecoder) value(fv reflect.Value, f *jsonField) error {
 			return errTreeJSON
 		}
 	case protoreflect.EnumKind:
-		name, ok := d.enumName()
+		name, ok := d.plainString()
 		if !ok {
 			return errTreeJSON
 		}
@@ -233,16 +233,8 @@ func (d *treeDecoder) consume(c byte) bool {
 
 // key reads an object key and its colon. Keys are field names: no escapes.
 func (d *treeDecoder) key() (string, bool) {
-	if !d.consume('"') {
-		return "", false
-	}
-	end := strings.IndexByte(d.s[d.i:], '"')
-	if end < 0 {
-		return "", false
-	}
-	key := d.s[d.i : d.i+end]
-	d.i += end + 1
-	return key, strings.IndexByte(key, '\\') < 0 && d.consume(':')
+	key, ok := d.plainString()
+	return key, ok && d.consume(':')
 }
 
 // number returns the integer at the cursor, for strconv to check.
@@ -299,8 +291,8 @@ func (d *treeDecoder) str() (string, bool) {
 	return "", false
 }
 
-// enumName reads an enum value's name: a string without escapes.
-func (d *treeDecoder) enumName() (string, bool) {
+// plainString reads a string without escapes: an object key or an enum value's name.
+func (d *treeDecoder) plainString() (string, bool) {
 	if !d.consume('"') {
 		return "", false
 	}
@@ -308,9 +300,9 @@ func (d *treeDecoder) enumName() (string, bool) {
 	if end < 0 {
 		return "", false
 	}
-	name := d.s[d.i : d.i+end]
+	str := d.s[d.i : d.i+end]
 	d.i += end + 1
-	return name, strings.IndexByte(name, '\\') < 0
+	return str, strings.IndexByte(str, '\\') < 0
 }
 
 // escape decodes the escape at the cursor. The renderer escapes only

@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"io"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -666,4 +667,48 @@ func TestLoopStopsWhenReleasedElsewhere(t *testing.T) {
 	if n := g.running(); n != 0 {
 		t.Fatalf("%d loops running", n)
 	}
+}
+
+// TestLoopCloseBeforeTLSTakeover closes a TLS session just before its loop takes it over:
+// its TLS connections must stay on their own sockets, which the close ends (with
+// close_notify), and never be pointed at the loop's duplicates, which adopt then closes:
+// a close_notify written there would go to whatever socket reuses the descriptor.
+func TestLoopCloseBeforeTLSTakeover(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	legs := loopLegs(t)
+	tlsLeg := legs[len(legs)-1]
+	p := startProxy(t, db, tlsLeg.configure)
+	seen := make(chan []*tlsTransport, 1)
+	testHookBeforeTakeover = func(c *conn) {
+		var transports []*tlsTransport
+		for _, nc := range []net.Conn{c.client, c.upstream} {
+			transports = append(transports, nc.(*tls.Conn).NetConn().(*tlsTransport))
+		}
+		c.close()
+		seen <- transports
+	}
+	t.Cleanup(func() { testHookBeforeTakeover = nil })
+	ctx := testContext(t)
+	conn := connect(t, tlsLeg.url(p, db)) // the startup completes before the takeover
+	var transports []*tlsTransport
+	select {
+	case transports = <-seen:
+	case <-ctx.Done():
+		t.Fatal("the session never came to its takeover")
+	}
+	testHookBeforeTakeover = nil
+	if err := conn.Ping(ctx); err == nil {
+		t.Fatal("a session closed before its takeover still answers")
+	}
+	for _, tt := range transports {
+		if tt.r != nil || tt.w != nil {
+			t.Fatal("a closed session's TLS connection points at the loop's sockets")
+		}
+	}
+	waitFor(t, 10*time.Second, "the session to be forgotten", func() error {
+		if states := loopStates(p.srv); len(states) != 0 {
+			return fmt.Errorf("sessions left: %v", states)
+		}
+		return nil
+	})
 }

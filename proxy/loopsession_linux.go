@@ -108,6 +108,9 @@ func (s *Server) adopt(c *conn) bool {
 	c.cw = bufio.NewWriterSize(ls.client.out(), writeBufferSize)
 	c.uw = bufio.NewWriterSize(ls.upstream.out(), writeBufferSize)
 
+	if testHookBeforeTakeover != nil {
+		testHookBeforeTakeover(c)
+	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -116,6 +119,10 @@ func (s *Server) adopt(c *conn) bool {
 		s.loops.release(l)
 		return true
 	}
+	// The TLS connections move onto the loop's sockets only now: a close that came first
+	// closed them over their own sockets (and sent close_notify there).
+	ls.client.attachTLS()
+	ls.upstream.attachTLS()
 	c.client = &loopConn{ls: ls, local: clientSock.LocalAddr(), remote: clientSock.RemoteAddr()}
 	c.upstream = &loopConn{ls: ls, local: upstreamSock.LocalAddr(), remote: upstreamSock.RemoteAddr()}
 	c.loop.Store(ls)
@@ -129,6 +136,10 @@ func (s *Server) adopt(c *conn) bool {
 	upstreamSock.Close()
 	return true
 }
+
+// testHookBeforeTakeover, when set by a test, runs in adopt just before the loop takes
+// the session over.
+var testHookBeforeTakeover func(*conn)
 
 // loopSocket returns the TCP or Unix socket under nc and, when nc is TLS over one, the
 // TLS connection; ok is false for anything else.
@@ -149,15 +160,23 @@ func loopSocket(nc net.Conn) (sock net.Conn, tc *tls.Conn, ok bool) {
 }
 
 // init sets up a side over the descriptor fd, with the TLS connection tc over it (nil
-// for none), carrying over what br holds unread.
+// for none, else see attachTLS), carrying over what br holds unread.
 func (e *loopEnd) init(ls *loopSession, fd int, tc *tls.Conn, br *bufio.Reader) {
 	e.ls, e.fd, e.tls = ls, fd, tc
 	e.src, e.sink = fdSource{fd: fd}, fdSink{fd: fd}
 	e.in = endReader{held: bufferedCopy(br), stream: &e.src}
 	if tc != nil {
-		t := tc.NetConn().(*tlsTransport)
-		t.r, t.w = &e.src, &e.sink
 		e.in.stream = tc
+	}
+}
+
+// attachTLS points the side's TLS connection, if any, at the loop's reader and writer.
+// Called under conn.mu once the session is the loop's, so that nothing else uses the
+// TLS connection from then on.
+func (e *loopEnd) attachTLS() {
+	if e.tls != nil {
+		t := e.tls.NetConn().(*tlsTransport)
+		t.r, t.w = &e.src, &e.sink
 	}
 }
 

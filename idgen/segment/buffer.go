@@ -356,6 +356,12 @@ func (e *Engine) nextStep(prev, minStep int64, lasted time.Duration) int64 {
 // store's high-water mark is still our newest reservation. Only IDs never handed out go
 // back: the current segment from its sealed position, plus the whole next segment, and the
 // two only together when the next one directly follows the current one.
+//
+// Our view of max_id may be stale: a reservation whose reply was lost (the connection died
+// after PostgreSQL committed it) moved max_id past expected without our knowing. The
+// compare-and-set then fails and the lost range stays a gap. Nothing else can bring
+// max_id back to expected: every reservation raises it, and a give-back lowers it only to
+// the last ID its own engine handed out, which for anyone but us is at or above expected.
 func (e *Engine) giveBack(ctx context.Context, tb *tagBuffer) error {
 	tb.mu.Lock()
 	cur := tb.cur.Load()

@@ -4,7 +4,9 @@
 // IDs are unique across processes sharing leaf_alloc, and strictly increasing per tag within
 // one Engine: a call that starts after another one returned gets a larger ID. A range is
 // handed out only after its reservation is committed, so a crash or restart never reuses an
-// ID; on a graceful Close the unused tail goes back to the table when nobody reserved a range
+// ID. A reservation whose reply is lost (the connection dies after the UPDATE committed)
+// is a gap: the retry reserves a new range above it, and nothing is handed out from it;
+// on a graceful Close the unused tail goes back to the table when nobody reserved a range
 // after ours, so a clean restart leaves no gap.
 //
 // Each tag keeps two buffers, as Leaf does: once less than PreloadThreshold of the current

@@ -43,14 +43,23 @@ func (r *cancelRegistry) lookup(key string) *conn {
 	return r.keys[key]
 }
 
-// forwardCancel sends a client's CancelRequest packet to the upstream backend it names.
-// Like PostgreSQL, it never answers the client; it waits for the upstream to close the
-// connection so that the client's own close happens after the cancel was processed.
+// forwardCancel serves a client's CancelRequest packet. A key the proxy did not hand out
+// is dropped: the proxy relays no cancel it cannot vouch for. A session waiting for an ID
+// is doing nothing at the server: the wait is what gets cancelled (the statement fails
+// with 57014), and nothing goes upstream, where a late cancel could hit the session's next
+// statement. Otherwise the packet goes to the upstream backend it names. Like PostgreSQL,
+// the proxy never answers the client; it waits for the upstream to close the connection
+// so that the client's own close happens after the cancel was processed.
 func (s *Server) forwardCancel(ctx context.Context, packet []byte) {
 	// The key is everything after the length and request code: process ID and secret.
 	key := string(packet[8:])
-	if s.cancels.lookup(key) == nil {
+	c := s.cancels.lookup(key)
+	if c == nil {
 		s.logger().Debug("cancel request with an unknown key ignored")
+		return
+	}
+	if c.cancelIDWait() {
+		c.log.Debug("cancel request ended the wait for an ID")
 		return
 	}
 	uc, err := s.dialUpstream(ctx)

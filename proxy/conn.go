@@ -38,8 +38,9 @@ type conn struct {
 	cwMu sync.Mutex
 	cw   *bufio.Writer
 
-	cancelKey string // BackendKeyData the client was given, registered in srv.cancels; under mu
-	session   bool   // holds a session slot; under mu
+	cancelKey string                  // BackendKeyData the client was given, registered in srv.cancels; under mu
+	session   bool                    // holds a session slot; under mu
+	idWait    context.CancelCauseFunc // ends the wait for an ID in progress (see nextID); under mu
 
 	// Protocol state shared by the two relay goroutines.
 	txStatus atomic.Uint32 // last ReadyForQuery status: 'I', 'T' or 'E'; 0 before the first

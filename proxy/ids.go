@@ -42,27 +42,77 @@ const (
 )
 
 // nextID returns the ID for one slot; tag is the tag of a SlotTagParam slot.
+//
+// An ID at hand (IDProber) is taken without further ado. Otherwise the session waits in
+// the source's Next, and that wait is what the client's statement is doing: a
+// CancelRequest for the session ends it (see cancelIDWait), and the statement fails with
+// PostgreSQL's 57014 while the session stays usable.
 func (c *conn) nextID(slot rewrite.Slot, tag string) (int64, error) {
-	if ls := c.loop.Load(); ls != nil && !ls.detached {
-		if id, ok := c.tryNextID(slot, tag); ok {
+	if p, ok := c.srv.IDs.(IDProber); ok {
+		if id, ok := tryNextID(p, slot, tag); ok {
 			return id, nil
 		}
+	}
+	if ls := c.loop.Load(); ls != nil && !ls.detached {
 		ls.detach() // this goroutine may now wait; the loop goes on without it
 	}
+	ctx, done := c.beginIDWait()
+	defer done()
+	var id int64
+	var err error
 	switch slot.Kind {
 	case rewrite.SlotSnowflake:
-		return c.srv.IDs.NextSnowflake(c.ctx)
+		id, err = c.srv.IDs.NextSnowflake(ctx)
 	case rewrite.SlotTagParam:
-		return c.srv.IDs.Next(c.ctx, tag)
+		id, err = c.srv.IDs.Next(ctx, tag)
 	default:
-		return c.srv.IDs.Next(c.ctx, slot.Tag)
+		id, err = c.srv.IDs.Next(ctx, slot.Tag)
+	}
+	if err != nil && errors.Is(context.Cause(ctx), errQueryCanceled) {
+		return 0, errQueryCanceled
+	}
+	return id, err
+}
+
+// beginIDWait returns the context of a wait for an ID, which a cancel request for the
+// session ends, and the function that ends the wait.
+func (c *conn) beginIDWait() (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(c.ctx)
+	c.mu.Lock()
+	c.idWait = cancel
+	c.mu.Unlock()
+	return ctx, func() {
+		c.mu.Lock()
+		c.idWait = nil
+		c.mu.Unlock()
+		cancel(nil)
 	}
 }
 
-// tryNextID is nextID without waiting; adopt lets only sessions whose IDs is an IDProber
-// onto a loop.
-func (c *conn) tryNextID(slot rewrite.Slot, tag string) (int64, bool) {
-	p := c.srv.IDs.(IDProber)
+// cancelIDWait ends the session's wait for an ID, reporting false when it is not waiting.
+func (c *conn) cancelIDWait() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.idWait == nil {
+		return false
+	}
+	c.idWait(errQueryCanceled)
+	c.idWait = nil
+	return true
+}
+
+// queryCanceledError is the failure of a statement whose wait for an ID the client
+// cancelled, in PostgreSQL's words.
+type queryCanceledError struct{}
+
+func (queryCanceledError) Error() string    { return "canceling statement due to user request" }
+func (queryCanceledError) SQLState() string { return codeQueryCanceled }
+
+var errQueryCanceled error = queryCanceledError{}
+
+// tryNextID asks p for an ID at hand, without waiting. adopt lets only sessions whose IDs
+// is an IDProber onto a loop.
+func tryNextID(p IDProber, slot rewrite.Slot, tag string) (int64, bool) {
 	switch slot.Kind {
 	case rewrite.SlotSnowflake:
 		return p.TryNextSnowflake()
@@ -100,7 +150,12 @@ func (c *conn) countError(r refusal) {
 // idError wraps an ID source failure so that the client learns where it came from.
 type idError struct{ err error }
 
-func (e *idError) Error() string { return "leaf ID source: " + e.err.Error() }
+func (e *idError) Error() string {
+	if errors.Is(e.err, errQueryCanceled) {
+		return e.err.Error() // the client's own doing, told as PostgreSQL tells it
+	}
+	return "leaf ID source: " + e.err.Error()
+}
 func (e *idError) Unwrap() error { return e.err }
 
 // SQLState returns the source's own SQLSTATE, or 58000.

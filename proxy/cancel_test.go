@@ -315,30 +315,42 @@ func TestCancelReachesSession(t *testing.T) {
 
 			t.Run("psql", func(t *testing.T) {
 				sql := "SELECT pg_sleep(60) /* psql " + leg.name + " */"
-				cmd := exec.Command(needTool(t, "psql"), "-X", "-d", leg.url(p, db), "-c", sql)
-				cmd.Env = append(os.Environ(), "PGCONNECT_TIMEOUT=10", "PSQLRC=/dev/null")
-				var out strings.Builder
-				cmd.Stdout, cmd.Stderr = &out, &out
-				if err := cmd.Start(); err != nil {
-					t.Fatal(err)
-				}
-				waited := make(chan error, 1)
-				go func() { waited <- cmd.Wait() }()
-				waitRunning(t, watcher, sql)
-				if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
-					t.Fatal(err)
-				}
-				select {
-				case err := <-waited:
-					if err == nil || !strings.Contains(out.String(), "canceling statement due to user request") {
-						t.Fatalf("psql after SIGINT: %v\n%s", err, out.String())
-					}
-				case <-time.After(30 * time.Second):
-					_ = cmd.Process.Kill()
-					t.Fatalf("psql's statement was not cancelled:\n%s", out.String())
-				}
+				psqlInterrupted(t, leg.url(p, db), sql, func() { waitRunning(t, watcher, sql) })
 			})
 		})
+	}
+}
+
+// psqlInterrupted runs sql with psql, interrupts psql (SIGINT, which makes it send a
+// CancelRequest) once running says the statement runs, and checks that the statement
+// failed as cancelled.
+func psqlInterrupted(t *testing.T, connURL, sql string, running func()) {
+	t.Helper()
+	cmd := exec.Command(needTool(t, "psql"), "-X", "-d", connURL, "-c", sql)
+	cmd.Env = append(os.Environ(), "PGCONNECT_TIMEOUT=10", "PSQLRC=/dev/null")
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-waited
+	})
+	running()
+	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-waited:
+		waited <- err // for the cleanup
+		if err == nil || !strings.Contains(out.String(), "canceling statement due to user request") {
+			t.Fatalf("psql after SIGINT: %v\n%s", err, out.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("psql's statement was not cancelled:\n%s", out.String())
 	}
 }
 
@@ -407,6 +419,19 @@ func TestCancelWhileWaitingForAnID(t *testing.T) {
 				wantServedBy(t, p.srv, !mode.goroutines)
 			})
 		}
+		t.Run(mode.name+"/psql", func(t *testing.T) {
+			counter := startCancelCounter(t, db)
+			ids := newBlockingIDs()
+			p := startProxy(t, db, func(s *Server) {
+				s.Upstream, s.Rewriter, s.IDs, s.GoroutineRelay = counter.addr(), rw, ids, mode.goroutines
+			})
+			psqlInterrupted(t, p.url(db), "SELECT leaf_next('order')", func() {
+				awaitSignal(testContext(t), t, ids.waiting, "the ID request")
+			})
+			if n := counter.cancels.Load(); n != 0 {
+				t.Fatalf("%d cancel requests went to the database", n)
+			}
+		})
 	}
 }
 

@@ -205,6 +205,11 @@ func (e *Engine) nextSlow(ctx context.Context, tb *tagBuffer) (int64, error) {
 		select {
 		case <-wait:
 		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.Canceled) {
+				// The caller gave up (a client cancelled its statement, say): that says
+				// nothing about the store, so it is neither an outage nor counted as one.
+				return 0, fmt.Errorf("segment: tag %q: waiting for a segment: %w", tb.tag, ctx.Err())
+			}
 			if e.hooks.OnUnavailable != nil {
 				e.hooks.OnUnavailable(tb.tag)
 			}

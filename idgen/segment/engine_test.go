@@ -3,6 +3,7 @@ package segment_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -228,6 +229,42 @@ func TestWaitForLoadIsBoundedByContext(t *testing.T) {
 	release()
 	if id := <-got; id != 2 {
 		t.Fatalf("ID after the load finished: %d, want 2", id)
+	}
+}
+
+// TestWaitForLoadCancelledIsNotAnOutage: a caller that cancels its wait for a load (a
+// client cancelling its statement) gets context.Canceled, not ErrUnavailable, and is not
+// counted as unavailable; a deadline that passes still is.
+func TestWaitForLoadCancelledIsNotAnOutage(t *testing.T) {
+	store := newFakeStore()
+	store.addTag("slow", 10, 1)
+	var unavailable atomic.Int64
+	e := startEngine(t, store, segment.Settings{Hooks: segment.Hooks{OnUnavailable: func(string) { unavailable.Add(1) }}})
+	release := store.block()
+	defer release()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	got := make(chan error, 1)
+	go func() {
+		_, err := e.Next(ctx, "slow")
+		got <- err
+	}()
+	eventually(t, "a load in flight", func() bool { return snapshotOf(t, e, "slow").Loading })
+	cancel()
+	if err := <-got; !errors.Is(err, context.Canceled) || errors.Is(err, idgen.ErrUnavailable) {
+		t.Fatalf("Next cancelled while the segment loads: %v, want context.Canceled and not ErrUnavailable", err)
+	}
+	if n := unavailable.Load(); n != 0 {
+		t.Fatalf("OnUnavailable called %d times for a cancelled wait", n)
+	}
+
+	dctx, dcancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer dcancel()
+	if _, err := e.Next(dctx, "slow"); !errors.Is(err, idgen.ErrUnavailable) {
+		t.Fatalf("Next past its deadline while the segment loads: %v, want ErrUnavailable", err)
+	}
+	if n := unavailable.Load(); n != 1 {
+		t.Fatalf("OnUnavailable called %d times after a deadline passed, want 1", n)
 	}
 }
 

@@ -257,8 +257,10 @@ func (e *Engine) Start(ctx context.Context) error {
 //
 // When the current segment has IDs left this is one map lookup and one atomic add, with no
 // lock and no allocation. Otherwise it switches to the preloaded segment, or waits for the
-// load in flight up to ctx's deadline; with the store known to be down it fails at once
-// with idgen.ErrUnavailable. An unknown tag gives idgen.ErrUnknownTag.
+// load in flight up to ctx's deadline (then idgen.ErrUnavailable; a ctx cancelled
+// meanwhile gives context.Canceled, which is not counted as unavailable); with the store
+// known to be down it fails at once with idgen.ErrUnavailable. An unknown tag gives
+// idgen.ErrUnknownTag.
 func (e *Engine) Next(ctx context.Context, tag string) (int64, error) {
 	if tb := (*e.tags.Load())[tag]; tb != nil {
 		if id, ok := e.take(tb); ok {

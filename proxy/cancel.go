@@ -44,12 +44,16 @@ func (r *cancelRegistry) lookup(key string) *conn {
 }
 
 // forwardCancel serves a client's CancelRequest packet. A key the proxy did not hand out
-// is dropped: the proxy relays no cancel it cannot vouch for. A session waiting for an ID
-// is doing nothing at the server: the wait is what gets cancelled (the statement fails
-// with 57014), and nothing goes upstream, where a late cancel could hit the session's next
-// statement. Otherwise the packet goes to the upstream backend it names. Like PostgreSQL,
-// the proxy never answers the client; it waits for the upstream to close the connection
-// so that the client's own close happens after the cancel was processed.
+// is dropped: the proxy relays no cancel it cannot vouch for. Otherwise the request ends
+// what the client is waiting for. What runs at the server is cancelled there: the packet
+// goes to the upstream backend it names. A wait for an ID in progress (see
+// conn.nextID) is ended too, and its statement fails with 57014; when that wait is all
+// the session has outstanding, the backend is idle and nothing goes upstream, where a
+// late cancel could only hit the session's next statement. When both are cancelled, the
+// upstream goes first, so that the statement that follows the wait cannot be hit.
+//
+// Like PostgreSQL, the proxy never answers the client; it waits for the upstream to close
+// the connection so that the client's own close happens after the cancel was processed.
 func (s *Server) forwardCancel(ctx context.Context, packet []byte) {
 	// The key is everything after the length and request code: process ID and secret.
 	key := string(packet[8:])
@@ -58,10 +62,17 @@ func (s *Server) forwardCancel(ctx context.Context, packet []byte) {
 		s.logger().Debug("cancel request with an unknown key ignored")
 		return
 	}
+	if c.pending.Load() != 0 || !c.waitingForID() {
+		s.cancelUpstream(ctx, packet)
+	}
 	if c.cancelIDWait() {
 		c.log.Debug("cancel request ended the wait for an ID")
-		return
 	}
+}
+
+// cancelUpstream sends a CancelRequest packet to the upstream server and waits until the
+// server has dealt with it.
+func (s *Server) cancelUpstream(ctx context.Context, packet []byte) {
 	uc, err := s.dialUpstream(ctx)
 	if err != nil {
 		s.logger().WithError(err).Warn("cannot forward cancel request")

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/leafproxy/leafproxy/internal/testenv"
 	"github.com/leafproxy/leafproxy/rewrite"
@@ -461,5 +462,74 @@ func TestCancelAfterWaitForwards(t *testing.T) {
 	wantSQLState(t, result(t, done, "the cancelled statement"), "57014")
 	if n := counter.cancels.Load(); n != 1 {
 		t.Fatalf("%d cancel requests went to the database, want 1", n)
+	}
+}
+
+// TestCancelPipelinedReachesTheRunningStatement pipelines a long statement and, behind it,
+// one whose ID does not come. The long one reaches the server at once (the wait does not
+// hold it back), and one cancel request ends both: the server cancels the one it runs,
+// the proxy the wait.
+func TestCancelPipelinedReachesTheRunningStatement(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	rw, err := rewrite.New(rewrite.Settings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	watcher := connect(t, db)
+	for _, mode := range []struct {
+		name       string
+		goroutines bool
+	}{{"event loop", false}, {"goroutines", true}} {
+		t.Run(mode.name, func(t *testing.T) {
+			counter := startCancelCounter(t, db)
+			ids := newBlockingIDs()
+			p := startProxy(t, db, func(s *Server) {
+				s.Upstream, s.Rewriter, s.IDs, s.GoroutineRelay = counter.addr(), rw, ids, mode.goroutines
+			})
+			hc := hijacked(t, p.url(db))
+			fe := hc.Frontend
+			sql := "SELECT pg_sleep(60) /* pipelined, " + mode.name + " */"
+			fe.Send(&pgproto3.Query{String: sql})
+			fe.Send(&pgproto3.Query{String: "SELECT leaf_next('order')"})
+			if err := fe.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			waitRunning(t, watcher, sql)
+			awaitSignal(testContext(t), t, ids.waiting, "the ID request")
+			_ = hc.Conn.SetDeadline(time.Now().Add(30 * time.Second))
+			expect := func(want string) {
+				t.Helper()
+				var got []string
+				for len(got) == 0 || got[len(got)-1] != "ready" {
+					msg, err := fe.Receive()
+					if err != nil {
+						t.Fatalf("after %q: %v", got, err)
+					}
+					switch m := msg.(type) {
+					case *pgproto3.DataRow:
+						got = append(got, "row:"+string(m.Values[0]))
+					case *pgproto3.ErrorResponse:
+						got = append(got, "error:"+m.Code)
+					case *pgproto3.ReadyForQuery:
+						got = append(got, "ready")
+					}
+				}
+				if g := strings.Join(got, " "); g != want {
+					t.Fatalf("got %q, want %q", g, want)
+				}
+			}
+
+			sendCancel(t, p.addr, hc.PID, hc.SecretKey)
+			expect("error:57014 ready") // pg_sleep, cancelled by the server
+			expect("error:57014 ready") // the wait for the ID, cancelled by the proxy
+			if n := counter.cancels.Load(); n != 1 {
+				t.Fatalf("%d cancel requests went to the database, want 1", n)
+			}
+			fe.Send(&pgproto3.Query{String: "SELECT 42"})
+			if err := fe.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			expect("row:42 ready")
+		})
 	}
 }

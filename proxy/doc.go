@@ -7,8 +7,8 @@
 // writes as the traffic allows (a buffer is flushed when the other side has nothing more
 // buffered). Cancel requests reach the upstream backend the client was told about: clients
 // receive the backend's own BackendKeyData, and the proxy forwards only cancels for keys
-// it handed out; a cancel for a session that waits for an ID ends that wait instead, and
-// the statement fails with 57014 (see cancel.go). Without a Rewriter the proxy decodes only ReadyForQuery (transaction
+// it handed out; a cancel for a session that waits for an ID also ends that wait, and the
+// statement fails with 57014 (see cancel.go). Without a Rewriter the proxy decodes only ReadyForQuery (transaction
 // status), BackendKeyData, ErrorResponse (to see a FATAL) and the authentication requests
 // (to know when the client answers).
 //

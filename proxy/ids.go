@@ -56,6 +56,10 @@ func (c *conn) nextID(slot rewrite.Slot, tag string) (int64, error) {
 	if ls := c.loop.Load(); ls != nil && !ls.detached {
 		ls.detach() // this goroutine may now wait; the loop goes on without it
 	}
+	// What the client sent before this statement goes to the server now rather than
+	// after the wait: it runs meanwhile, and a cancel request can reach it there. Only
+	// whole messages are buffered here (a statement's IDs are had before it is written).
+	_ = c.uw.Flush()
 	ctx, done := c.beginIDWait()
 	defer done()
 	var id int64
@@ -87,6 +91,13 @@ func (c *conn) beginIDWait() (context.Context, func()) {
 		c.mu.Unlock()
 		cancel(nil)
 	}
+}
+
+// waitingForID reports whether the session waits for an ID now.
+func (c *conn) waitingForID() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.idWait != nil
 }
 
 // cancelIDWait ends the session's wait for an ID, reporting false when it is not waiting.

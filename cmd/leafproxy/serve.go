@@ -102,6 +102,7 @@ type app struct {
 	pool      *pgxpool.Pool
 	metrics   *metrics.Metrics
 	rates     *metrics.RateMeter
+	runway    *metrics.Runway // runway figures, read from the store in the background
 	segment   *segment.Engine
 	segReady  atomic.Bool // the segment engine's Start returned
 	stopping  atomic.Bool // shutdown began: /readyz fails so load balancers drain us
@@ -199,6 +200,7 @@ func (a *app) run(ctx context.Context) (err error) {
 	segGen := a.metrics.Counting("segment", a.segment)
 	snowGen := a.metrics.Counting("snowflake", a.snowflake)
 	a.router = idgen.NewRouter(segGen, snowGen, cfg.SnowflakeTags)
+	a.runway = a.newRunway()
 
 	// The admin server comes up first, so that /healthz answers and /readyz says what the
 	// engines are waiting for while they start.
@@ -238,6 +240,11 @@ func (a *app) run(ctx context.Context) (err error) {
 	go func() {
 		defer wg.Done()
 		a.sampleRates(ctx)
+	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		a.runway.Run(ctx)
 	}()
 
 	// The snowflake engine must hold a worker ID before it may issue; a worker source

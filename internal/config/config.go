@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/leafproxy/leafproxy/internal/metrics"
 )
 
 // EnvPrefix starts the name of every environment variable the configuration reads.
@@ -63,6 +65,9 @@ type Config struct {
 	FillRules []FillRule `yaml:"-"`
 
 	SegmentPreload float64 `yaml:"segment-preload"`
+	KeyTypes       List    `yaml:"key-types"`
+	// TagKeyTypes is KeyTypes parsed; Validate sets it.
+	TagKeyTypes map[string]metrics.KeyType `yaml:"-"`
 
 	ShutdownTimeout time.Duration `yaml:"shutdown-timeout"`
 	LogLevel        string        `yaml:"log-level"`
@@ -200,6 +205,8 @@ var settings = []setting{
 		field: func(c *Config) any { return &c.Fill }},
 	{name: "segment-preload", usage: "load the next segment when less than this fraction of the current one is left (Leaf: 0.9)",
 		field: func(c *Config) any { return &c.SegmentPreload }},
+	{name: "key-types", arg: "TAG=TYPE,...", usage: "key column type of segment tags, for their runway (IDs and time left): TYPE is bigint, integer or js (2^53-1); *=TYPE sets it for every tag not named (default bigint)",
+		field: func(c *Config) any { return &c.KeyTypes }},
 	{name: "shutdown-timeout", usage: "how long a graceful shutdown waits for client sessions to end",
 		field: func(c *Config) any { return &c.ShutdownTimeout }},
 	{name: "log-level", arg: "LEVEL", usage: "log level: trace, debug, info, warn, error",

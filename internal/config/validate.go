@@ -178,6 +178,11 @@ func (c *Config) Validate() error {
 		c.FillRules = append(c.FillRules, r)
 	}
 
+	if kt, err := ParseKeyTypes(c.KeyTypes); err != nil {
+		bad("key-types", "%v", err)
+	} else {
+		c.TagKeyTypes = kt
+	}
 	if !(c.SegmentPreload > 0 && c.SegmentPreload < 1) {
 		bad("segment-preload", "%v must be a fraction strictly between 0 and 1", c.SegmentPreload)
 	}

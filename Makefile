@@ -56,3 +56,12 @@ fmt:
 
 clean:
 	rm -rf bin
+
+## alerts: check the shipped Prometheus alert rules and run their unit tests; part of
+## `make test` (the second `test:` line adds it; promtool comes from Debian's prometheus)
+ALERTS := deploy/prometheus/leafproxy-alerts
+.PHONY: alerts
+alerts:
+	promtool check rules $(ALERTS).yml
+	promtool test rules $(ALERTS).test.yml
+test: alerts

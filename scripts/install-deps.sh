@@ -14,6 +14,8 @@ command -v psql >/dev/null 2>&1 || want+=(postgresql-client)
 command -v pgbench >/dev/null 2>&1 || want+=(postgresql-contrib)
 { [ -f /usr/share/java/zookeeper.jar ] || [ -n "${LEAF_TEST_ZK_CLASSPATH:-}" ]; } || want+=(zookeeper)
 command -v java >/dev/null 2>&1 || want+=(default-jre-headless)
+# promtool checks the alert rules; the e2e test runs a Prometheus server.
+{ command -v promtool && command -v prometheus; } >/dev/null 2>&1 || want+=(prometheus)
 for arg in "$@"; do
   case "$arg" in
     --bench) command -v pgbouncer >/dev/null 2>&1 || want+=(pgbouncer) ;;

@@ -6,6 +6,9 @@ import (
 	"io"
 	"math"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -286,4 +289,36 @@ func gatherText(t *testing.T, m *Metrics) string {
 		t.Fatal(err)
 	}
 	return string(body)
+}
+
+// TestAlertRulesNameRealMetrics: every leafproxy_* metric the shipped alert rules use is
+// one this package exports, so a renamed metric cannot leave a rule silently empty.
+func TestAlertRulesNameRealMetrics(t *testing.T) {
+	rules, err := os.ReadFile(filepath.Join("..", "..", "deploy", "prometheus", "leafproxy-alerts.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, r, _ := newRunwayFixture(t)
+	r.ReadNow(context.Background())
+	m.SegmentLoad("audit", 10, time.Millisecond, nil)
+	m.SegmentLoad("audit", 0, time.Millisecond, errors.New("down"))
+	m.ClockBackwards(time.Second, false)
+	m.WorkerAcquired(1)
+	families, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exported := map[string]bool{}
+	for _, f := range families {
+		exported[f.GetName()] = true
+	}
+	used := regexp.MustCompile(`\bleafproxy_[a-z_]+`).FindAllString(string(rules), -1)
+	if len(used) < 7 {
+		t.Fatalf("the rules name only %v", used)
+	}
+	for _, name := range used {
+		if !exported[name] {
+			t.Errorf("the alert rules use %s, which leafproxy does not export", name)
+		}
+	}
 }

@@ -214,7 +214,7 @@ func describeAlerts(alerts []promAlert) string {
 // the store behind the lease is stopped, the proxy cannot renew, stops issuing snowflake
 // IDs, and LeafproxyWorkerIDNotHeld and LeafproxyStoreUnreachable fire.
 func TestAlertWorkerIDNotHeld(t *testing.T) {
-	requireServeFlags(t, "worker-source", "snowflake-tags", "key-types")
+	requireServeFlags(t, "worker-source", "snowflake-tags")
 	requireTool(t, "prometheus", "prometheus")
 	pg := testenv.NewPostgres(t)
 	// The server's own database: the server is the test's, and a database made with

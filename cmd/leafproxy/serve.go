@@ -209,6 +209,11 @@ func (a *app) run(ctx context.Context) (err error) {
 	// Deferred after wg.Wait, so it runs before it: ends the helper goroutines on any return.
 	ctx, cancelRun := context.WithCancel(ctx)
 	defer cancelRun()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		a.runway.Run(ctx) // reads the store in the background for the runway gauges
+	}()
 	if httpLn != nil {
 		a.http = &http.Server{
 			Handler: httpapi.New(httpapi.Options{
@@ -240,11 +245,6 @@ func (a *app) run(ctx context.Context) (err error) {
 	go func() {
 		defer wg.Done()
 		a.sampleRates(ctx)
-	}()
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		a.runway.Run(ctx)
 	}()
 
 	// The snowflake engine must hold a worker ID before it may issue; a worker source

@@ -38,6 +38,7 @@ func (a *app) workerSource() (worker.Source, error) {
 		return wpostgres.New(wpostgres.Settings{
 			Pool:   a.pool,
 			Holder: a.cfg.ZooKeeperName + "@" + addr,
+			Now:    a.now, // the lease's deadline is checked on the engine's clock
 			Logger: a.log,
 			Hooks:  hooks,
 		})

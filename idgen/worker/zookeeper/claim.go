@@ -33,6 +33,11 @@ import (
 //     stops issuing before the claim can go to anyone else.
 //   - Once the session expires or the connection is replaced (which ends the session),
 //     the claim is gone for good: the lease ends (Done) and the engine acquires again.
+//   - A process killed without a goodbye leaves its claim until ZooKeeper ends its session
+//     (a session timeout). A claim made in the same kernel and PID namespace (same boot ID,
+//     same namespace inode) by a PID that no longer exists is stale: a restart on the same
+//     host removes it (a delete of that very version) instead of waiting. A dead holder
+//     issues nothing, and its IDs are older than the clock of the same host.
 // ZooKeeper's maxSessionTimeout must not be below SessionTimeout (its default is 20 ticks,
 // 40 s): a server granting a shorter session would end the claim before the deadline.
 
@@ -43,6 +48,13 @@ type claimData struct {
 	Started int64  `json:"started"` // Unix ms the holder process started its lease
 	IP      string `json:"ip"`
 	Port    string `json:"port"`
+	Scope   string `json:"scope,omitempty"` // machineScope of the holder
+}
+
+// stale reports whether the claim's holder is provably dead: it ran in this process'
+// kernel and PID namespace, and its PID is gone.
+func (d claimData) stale() bool {
+	return d.Scope != "" && d.Scope == machineScope() && processGone(d.PID)
 }
 
 func (d claimData) String() string {
@@ -65,7 +77,8 @@ func (l *lease) proofLasts() time.Duration { return l.src.s.SessionTimeout * 2 /
 func (l *lease) claim() error {
 	s := l.src
 	host, _ := os.Hostname()
-	data, _ := json.Marshal(claimData{Host: host, PID: os.Getpid(), Started: s.s.Now().UnixMilli(), IP: s.s.IP, Port: s.s.Port})
+	data, _ := json.Marshal(claimData{Host: host, PID: os.Getpid(), Started: s.s.Now().UnixMilli(), IP: s.s.IP, Port: s.s.Port,
+		Scope: machineScope()})
 	p := s.claimPath(l.id)
 	for attempt := 0; attempt < 3; attempt++ {
 		sent := s.s.Now()
@@ -93,6 +106,14 @@ func (l *lease) claim() error {
 		var other claimData
 		if err := json.Unmarshal(raw, &other); err != nil {
 			other = claimData{Host: fmt.Sprintf("unknown (claim holds %q)", raw)}
+		}
+		if other.stale() {
+			err := l.conn.Delete(p, stat.Version)
+			if err != nil && !errors.Is(err, zk.ErrNoNode) && !errors.Is(err, zk.ErrBadVersion) {
+				return fmt.Errorf("zookeeper worker source: remove the stale claim %s: %w", p, err)
+			}
+			l.logger().WithField("holder", other.String()).Info("removed the claim of a holder that no longer runs on this host")
+			continue
 		}
 		l.other = &other
 		return nil
@@ -175,8 +196,10 @@ func (l *lease) await() {
 				l.end("ZooKeeper answers again; acquiring the worker ID with a liveness claim")
 				return
 			}
-			ok, _, ch, err := c.ExistsW(l.src.claimPath(l.id))
-			if err == nil && !ok {
+			raw, _, ch, err := c.GetW(l.src.claimPath(l.id))
+			var d claimData
+			gone := errors.Is(err, zk.ErrNoNode) || err == nil && json.Unmarshal(raw, &d) == nil && d.stale()
+			if gone {
 				l.logger().WithField("holder", l.other.String()).
 					Info("the other holder of the worker ID is gone; taking it over after its last timestamp")
 				l.end("worker ID free again")

@@ -280,6 +280,7 @@ func (a *app) run(ctx context.Context) (err error) {
 		}
 		a.segReady.Store(true)
 		log.WithField("tags", len(a.segment.Tags())).Info("segment engine started")
+		a.checkTags()
 	}()
 	defer a.closeEngine("segment", a.segment.Close)
 

@@ -33,7 +33,7 @@ func TestStatusPageOperatorView(t *testing.T) {
 	o.Cache = func() []segment.TagSnapshot {
 		return []segment.TagSnapshot{{Tag: "audit", Initialized: true, Pos: 0, Step: 1000, LastLoad: now,
 			LastError: "store: connection refused",
-			Buffers: [2]segment.SegmentSnapshot{{Start: 3001, Max: 4000, Value: 3101, Step: 1000, Idle: 900}}}}
+			Buffers:   [2]segment.SegmentSnapshot{{Start: 3001, Max: 4000, Value: 3101, Step: 1000, Idle: 900}}}}
 	}
 	sample := func(ago time.Duration, ids, loads uint64, errs, rejects map[string]uint64) metrics.HistorySample {
 		return metrics.HistorySample{At: now.Add(-ago), IDs: ids, Loads: loads, Errors: errs, Rejects: rejects}

@@ -3,7 +3,6 @@ package httpapi
 import (
 	"fmt"
 	"html/template"
-	"strconv"
 	"strings"
 	"time"
 
@@ -87,7 +86,7 @@ func drawGraph(id, title string, pts []point, now time.Time, format string) grap
 		id, graphW, graphH, graphW, graphH)
 	fmt.Fprintf(&b, `<title>%s</title>`, template.HTMLEscapeString(title))
 	fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%.0f" height="%.0f" fill="#f6f8fa" stroke="#e3e7ec"/>`, graphLeft, graphTB, plotW, plotH)
-	fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="end">%s</text>`, graphLeft-3, graphTB+8, strconv.FormatFloat(peak, 'g', 4, 64))
+	fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="end">`+format+`</text>`, graphLeft-3, graphTB+8, peak)
 	fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="end">0</text>`, graphLeft-3, graphH-graphTB)
 	fmt.Fprintf(&b, `<text x="%d" y="%d">-60 min</text>`, graphLeft, graphH-1)
 	fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="end">now</text>`, graphW-4, graphH-1)
@@ -100,6 +99,9 @@ func drawGraph(id, title string, pts []point, now time.Time, format string) grap
 			fmt.Fprintf(&b, "%.1f,%.1f", x(p.at), y(p.v))
 		}
 		b.WriteString(`"/>`)
+		// The newest value as a dot, so that a series of one sample shows too.
+		p := pts[len(pts)-1]
+		fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="2.5" fill="#3a7bd5"/>`, x(p.at), y(p.v))
 	} else {
 		fmt.Fprintf(&b, `<text x="%d" y="%d">collecting samples…</text>`, graphLeft+8, graphH/2)
 	}

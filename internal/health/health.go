@@ -6,6 +6,7 @@ package health
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -134,9 +135,12 @@ var sslRequest = func() []byte {
 }()
 
 // DialPostgres checks that a PostgreSQL server answers at addr (host:port, or a Unix
-// socket path): it connects, sends an SSLRequest and reads the one-byte answer, then
-// hangs up. That proves a PostgreSQL server is listening without logging in, so no
-// credentials are needed and the server logs nothing.
+// socket path): it connects, sends an SSLRequest and reads the one-byte answer; after an
+// 'S' it completes the TLS handshake (without verifying the certificate: this is a probe,
+// not a session) and closes it with a close_notify. That proves a PostgreSQL server is
+// listening without logging in, so no credentials are needed, and the server logs
+// nothing: it stays silent about a connection that ends before its startup packet, but it
+// would log a TLS handshake cut short.
 func DialPostgres(ctx context.Context, addr string) error {
 	network := "tcp"
 	if strings.HasPrefix(addr, "/") {
@@ -158,8 +162,15 @@ func DialPostgres(ctx context.Context, addr string) error {
 	if _, err := io.ReadFull(c, answer[:]); err != nil {
 		return fmt.Errorf("no answer to SSLRequest (is it PostgreSQL?): %w", err)
 	}
-	if answer[0] != 'S' && answer[0] != 'N' {
-		return fmt.Errorf("answered SSLRequest with %q: not a PostgreSQL server", answer[0])
+	switch answer[0] {
+	case 'N':
+		return nil
+	case 'S':
+		tc := tls.Client(c, &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12})
+		if err := tc.HandshakeContext(ctx); err != nil {
+			return fmt.Errorf("TLS handshake: %w", err)
+		}
+		return tc.Close()
 	}
-	return nil
+	return fmt.Errorf("answered SSLRequest with %q: not a PostgreSQL server", answer[0])
 }

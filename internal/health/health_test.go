@@ -3,9 +3,17 @@ package health
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/leafproxy/leafproxy/internal/testenv"
 )
 
 func TestProbeStates(t *testing.T) {
@@ -82,5 +90,41 @@ func TestDialPostgres(t *testing.T) {
 	ln.Close()
 	if err := DialPostgres(ctx, addr); err == nil || !strings.Contains(err.Error(), "connection refused") {
 		t.Errorf("a closed port: %v", err)
+	}
+}
+
+// TestDialPostgresLeavesNoTrace probes a real PostgreSQL (with TLS on) repeatedly and
+// checks that its log has no line about the probes: a probe every 2 s must not flood it.
+func TestDialPostgresLeavesNoTrace(t *testing.T) {
+	pg := testenv.NewPostgres(t)
+	addr := fmt.Sprintf("127.0.0.1:%d", pg.Port)
+	logFile := filepath.Join(pg.Dir, "postgres.log")
+	before, err := os.ReadFile(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for range 5 {
+		if err := DialPostgres(ctx, addr); err != nil {
+			t.Fatalf("probe: %v", err)
+		}
+	}
+	// A session that ends after the probes: its log line (if any) proves the server has
+	// written what the probes caused before we read the log.
+	conn, err := pgx.Connect(ctx, pg.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "SELECT 1"); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close(ctx)
+	after, err := os.ReadFile(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if added := strings.TrimSpace(string(after[len(before):])); added != "" {
+		t.Errorf("the probes made the server log:\n%s", added)
 	}
 }

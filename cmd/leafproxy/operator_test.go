@@ -328,3 +328,61 @@ func TestMetricsAtZeroFromStart(t *testing.T) {
 		}
 	}
 }
+
+// TestStatusPageShowsTheLease: with the postgres worker source the status page shows the
+// lease row: holder, expiry and last renewal.
+func TestStatusPageShowsTheLease(t *testing.T) {
+	t.Parallel()
+	dsn := newStore(t)
+	args := serveArgs(t, dsn, 0)
+	for i := range args {
+		if args[i] == "--worker-source" {
+			args[i+1] = "postgres"
+		}
+		if args[i] == "--worker-id" {
+			args = append(args[:i], args[i+2:]...)
+			break
+		}
+	}
+	s := startServe(t, nil, args...)
+	waitReady(s)
+	var page string
+	s.waitFor("the lease on the status page", func() bool {
+		_, page = s.get("/", "")
+		return strings.Contains(page, `id="lease-holder">leafproxy@`)
+	})
+	for _, re := range []string{
+		`id="lease-expires">\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC<`,
+		`id="lease-renewed">\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC<`,
+		`id="worker-source">postgres<`,
+		`id="lease-events">acquired 1 \(last \d\d:\d\d:\d\d\); <`,
+	} {
+		if !regexp.MustCompile(re).MatchString(page) {
+			t.Errorf("status page does not match %s", re)
+		}
+	}
+	if t.Failed() {
+		t.Logf("page:\n%s", page)
+	}
+}
+
+// TestZooKeeperSessionFromEvents: the session state the status page shows follows the
+// order of the worker source's events.
+func TestZooKeeperSessionFromEvents(t *testing.T) {
+	var l leaseEvents
+	if got := l.zkSession(); got != "connected" {
+		t.Errorf("no events: %q", got)
+	}
+	l.record("report_error")
+	if got := l.zkSession(); !strings.HasPrefix(got, "reports failing since ") {
+		t.Errorf("after a failed report: %q", got)
+	}
+	l.last["reconnect"] = l.last["report_error"].Add(time.Second)
+	if got := l.zkSession(); !strings.HasPrefix(got, "connected (reconnected at ") {
+		t.Errorf("after a reconnect: %q", got)
+	}
+	l.last["session_expired"] = l.last["reconnect"].Add(time.Second)
+	if got := l.zkSession(); !strings.HasPrefix(got, "session expired at ") {
+		t.Errorf("after an expiry: %q", got)
+	}
+}

@@ -186,8 +186,8 @@ func TestIDErrorWording(t *testing.T) {
 			} else {
 				_, err = src.Next(ctx, tc.tag)
 			}
-			e, ok := err.(*idError)
-			if !ok {
+			var e *idError
+			if !errors.As(err, &e) {
 				t.Fatalf("error %T %v", err, err)
 			}
 			if e.SQLState() != tc.state || e.Error() != tc.msg || e.Detail() != tc.detail || e.Hint() != tc.hint {

@@ -164,7 +164,14 @@ func idMessage(err error, engine, tag string) string {
 	case errors.Is(err, idgen.ErrBadArgument):
 		return "bad request: " + EngineAccount(err)
 	}
-	return fmt.Sprintf("cannot issue a %s ID now, the ID source is unavailable: %s (see /readyz)", engine, EngineAccount(err))
+	why := "the ID source is unavailable"
+	switch {
+	case errors.Is(err, idgen.ErrClockBackwards):
+		why = "the clock moved backwards"
+	case errors.Is(err, idgen.ErrWorkerNotHeld):
+		why = "this proxy does not hold its worker ID"
+	}
+	return fmt.Sprintf("cannot issue a %s ID now, %s: %s (see /readyz)", engine, why, EngineAccount(err))
 }
 
 // EngineAccount is an engine error's own account, without the texts of the idgen

@@ -255,3 +255,24 @@ func TestExtraHandlers(t *testing.T) {
 		t.Errorf("GET on a POST pattern = %d", code)
 	}
 }
+
+// TestIDFailureMessages: each engine failure over HTTP says what happened in words, with
+// the engine's account and no Go package names.
+func TestIDFailureMessages(t *testing.T) {
+	o := fullOptions()
+	o.Segment = fakeGen{
+		"back": fmt.Errorf("%w: by 2s (the engine waits out at most 5ms)", idgen.ErrClockBackwards),
+		"held": fmt.Errorf("%w: the lease on worker 7 could not be renewed", idgen.ErrWorkerNotHeld),
+		"down": fmt.Errorf("segment: reload tags: %w", idgen.ErrUnavailable),
+	}
+	srv := newTestServer(t, o)
+	for path, want := range map[string]string{
+		"/api/segment/get/back": "cannot issue a segment ID now, the clock moved backwards: by 2s (the engine waits out at most 5ms) (see /readyz)\n",
+		"/api/segment/get/held": "cannot issue a segment ID now, this proxy does not hold its worker ID: the lease on worker 7 could not be renewed (see /readyz)\n",
+		"/api/segment/get/down": "cannot issue a segment ID now, the ID source is unavailable: reload tags (see /readyz)\n",
+	} {
+		if code, body, _ := get(t, srv, path, ""); code != 500 || body != want {
+			t.Errorf("GET %s = %d %q, want 500 %q", path, code, body, want)
+		}
+	}
+}

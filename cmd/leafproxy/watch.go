@@ -117,7 +117,7 @@ func (l *leaseEvents) record(name string) {
 		l.counts, l.last = map[string]uint64{}, map[string]time.Time{}
 	}
 	l.counts[name]++
-	l.last[name] = time.Now()
+	l.last[name] = time.Now().UTC()
 }
 
 func (l *leaseEvents) list() []httpapi.LeaseEvent {
@@ -213,6 +213,7 @@ func (a *app) readLease(ctx context.Context) {
 	var holder *string
 	err := a.pool.QueryRow(qctx, `SELECT holder, expires_at, update_time FROM leaf_worker_lease WHERE worker_id = $1`,
 		in.WorkerID).Scan(&holder, &l.ExpiresAt, &l.Renewed)
+	l.ExpiresAt, l.Renewed = l.ExpiresAt.UTC(), l.Renewed.UTC()
 	if err != nil {
 		if ctx.Err() != nil {
 			return

@@ -98,7 +98,7 @@ func (p *Probe) CheckNow(ctx context.Context) {
 	if ctx.Err() != nil {
 		return // shutting down: a canceled check says nothing about the dependency
 	}
-	now := time.Now()
+	now := time.Now().UTC() // shown on the status page, which speaks UTC
 	p.mu.Lock()
 	changed := !p.state.Checked || p.state.OK != (err == nil)
 	if changed {

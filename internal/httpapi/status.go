@@ -183,7 +183,7 @@ svg text { font: 10px system-ui, sans-serif; fill: #5b6775; }
 {{if not .Renewed.IsZero}}<dt>last renewal</dt><dd id="lease-renewed">{{.Renewed.Format "2006-01-02 15:04:05 MST"}}</dd>{{end}}
 {{if .ReadError}}<dt>lease row</dt><dd id="lease-error">not read: {{.ReadError}}</dd>{{end}}
 {{if .Session}}<dt>ZooKeeper session</dt><dd id="zk-session">{{.Session}}</dd>{{end}}
-<dt>lease events</dt><dd id="lease-events">{{range .Events}}{{.Name}} {{.Count}}{{if not .Last.IsZero}} (last {{.Last.Format "15:04:05"}}){{end}}; {{else}}none{{end}}</dd>{{end}}
+<dt>lease events</dt><dd id="lease-events">{{range $i, $e := .Events}}{{if $i}}; {{end}}{{$e.Name}} {{$e.Count}}{{if not $e.Last.IsZero}} (last {{$e.Last.Format "15:04:05"}}){{end}}{{else}}none{{end}}</dd>{{end}}
 </dl>{{else}}<p class="muted">The snowflake engine is not running.</p>{{end}}
 
 <h2>Fill rules</h2>

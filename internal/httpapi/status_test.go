@@ -27,7 +27,7 @@ func TestStatusPageOperatorView(t *testing.T) {
 		}
 		st.ClientsOpen, st.ClientsTotal = 3, 41
 		st.Lease = &LeaseStatus{Holder: "leafproxy@10.0.0.7:6432", ExpiresAt: now.Add(30 * time.Second), Renewed: now,
-			Events: []LeaseEvent{{Name: "acquired", Count: 1, Last: now}}}
+			Events: []LeaseEvent{{Name: "acquired", Count: 1, Last: now}, {Name: "fenced", Count: 2}}}
 		return st
 	}
 	o.Cache = func() []segment.TagSnapshot {
@@ -56,7 +56,7 @@ func TestStatusPageOperatorView(t *testing.T) {
 		`<td><code>08001</code></td><td>upstream unreachable</td><td>client refused</td><td class="num">6</td><td class="num">7</td><td class="num">7</td>`,
 		`<svg id="graph-ids"`, `<svg id="graph-loads"`, `<svg id="graph-errors"`, "<polyline",
 		"3001–4000", "store: connection refused",
-		`id="lease-holder">leafproxy@10.0.0.7:6432<`, `id="lease-expires">`, `id="lease-renewed">`, "acquired 1",
+		`id="lease-holder">leafproxy@10.0.0.7:6432<`, `id="lease-expires">`, `id="lease-renewed">`, `id="lease-events">acquired 1 (last ` + now.Format("15:04:05") + `); fenced 2</dd>`,
 		`id="freshness">Generated at`, `<meta http-equiv="refresh" content="5">`,
 	} {
 		if !strings.Contains(body, want) {

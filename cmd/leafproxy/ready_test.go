@@ -24,9 +24,7 @@ func TestReadyzFollowsTheStore(t *testing.T) {
 	mustRun(t, "tag", "add", "buffered", "--step", "1000", "--dsn", dsn)
 	mustRun(t, "tag", "add", "cold", "--step", "1000", "--dsn", dsn)
 	serveArgs := func(t *testing.T, dsn string, workerID int) []string {
-		args := serveArgs(t, dsn, workerID)
-		args[3] = upstreamOf(t, testenv.PostgresURL(t)) // after "--upstream"
-		return args
+		return withUpstream(serveArgs(t, dsn, workerID), upstreamOf(t, testenv.PostgresURL(t)))
 	}
 	s := startServe(t, nil, serveArgs(t, dsn, 1)...)
 	waitReady(s)

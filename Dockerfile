@@ -1,8 +1,11 @@
 # syntax=docker/dockerfile:1
 # leafproxy image: the same binary `make build` makes (go build ./cmd/leafproxy), built with
-# cgo because the SQL parser (pg_query_go) is C, on the glibc the runtime image has.
+# cgo because the SQL parser (pg_query_go) is C, on the glibc the runtime image has. The
+# builder is pinned to the Go release go.mod requires (go 1.26.8), so the build never needs
+# to download another toolchain.
 
-FROM golang:1.26-bookworm AS build
+FROM golang:1.26.8-bookworm AS build
+ENV GOTOOLCHAIN=local
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download

@@ -9,7 +9,9 @@ TESTFLAGS ?= -race -count=1 -timeout 20m
 
 all: build
 
+## build: bin/leafproxy (the first build compiles PostgreSQL's C parser, pg_query_go: about 75 s)
 build:
+	@echo "building $(BIN); the first build compiles PostgreSQL's C parser (about 75 s)"
 	$(GO) build -o $(BIN) ./cmd/leafproxy
 
 deps:

@@ -98,10 +98,12 @@ func (c *conn) serve() {
 		return
 	}
 	if err := c.connectUpstream(packet); err != nil {
-		// The details (addresses, TLS failures) go to the log, not to a client that has
-		// not authenticated.
+		// The client learns which address failed and how (the dial or TLS error names
+		// addresses only, never credentials), so that a wrong upstream is found from the
+		// client's side too.
 		c.log.WithError(err).Warn("cannot connect to upstream")
-		c.refuse(codeConnectionUnable, "could not connect to the upstream server")
+		c.refuseDetail(codeConnectionUnable, "could not connect to the upstream server",
+			fmt.Sprintf("upstream %s: %v", s.Upstream, err))
 		return
 	}
 	if err := c.authenticate(); err != nil {
@@ -203,10 +205,13 @@ func (c *conn) connectUpstream(packet []byte) error {
 
 // refuse sends the client a FATAL error of the proxy's own making before any session
 // exists.
-func (c *conn) refuse(code, message string) {
+func (c *conn) refuse(code, message string) { c.refuseDetail(code, message, "") }
+
+// refuseDetail is refuse with a DETAIL field.
+func (c *conn) refuseDetail(code, message, detail string) {
 	c.srv.reject(code)
 	c.log.WithField("code", code).Info(message)
-	_, _ = c.client.Write(fatal(code, message))
+	_, _ = c.client.Write(fatalDetail(code, message, detail))
 }
 
 // close closes both connections; it is safe to call from any goroutine, any number of times.

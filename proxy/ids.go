@@ -136,7 +136,7 @@ func tryNextID(p IDProber, slot rewrite.Slot, tag string) (int64, bool) {
 
 // errorResponse encodes err as an ErrorResponse of severity ERROR. Rewrite refusals keep
 // their SQLSTATE, hint and position; other errors give their SQLState() when they have
-// one, else 58000.
+// one, else 58000, and their Detail() and Hint() when they have them.
 func errorResponse(err error) refusal {
 	msg := &pgproto3.ErrorResponse{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: codeSystemError, Message: err.Error()}
 	var re *rewrite.Error
@@ -146,6 +146,14 @@ func errorResponse(err error) refusal {
 		msg.Code, msg.Message, msg.Hint, msg.Position = re.Code, re.Message, re.Hint, int32(re.Position)
 	case errors.As(err, &coded) && coded.SQLState() != "":
 		msg.Code = coded.SQLState()
+	}
+	var detailed interface{ Detail() string }
+	if errors.As(err, &detailed) {
+		msg.Detail = detailed.Detail()
+	}
+	var hinted interface{ Hint() string }
+	if msg.Hint == "" && errors.As(err, &hinted) {
+		msg.Hint = hinted.Hint()
 	}
 	b, _ := msg.Encode(nil)
 	return refusal{msg: b, code: msg.Code}
@@ -158,15 +166,11 @@ func (c *conn) countError(r refusal) {
 	}
 }
 
-// idError wraps an ID source failure so that the client learns where it came from.
+// idError wraps an ID source failure. The source words its errors for the user; the
+// proxy adds only the SQLSTATE when the source gives none.
 type idError struct{ err error }
 
-func (e *idError) Error() string {
-	if errors.Is(e.err, errQueryCanceled) {
-		return e.err.Error() // the client's own doing, told as PostgreSQL tells it
-	}
-	return "leaf ID source: " + e.err.Error()
-}
+func (e *idError) Error() string { return e.err.Error() }
 func (e *idError) Unwrap() error { return e.err }
 
 // SQLState returns the source's own SQLSTATE, or 58000.

@@ -211,12 +211,16 @@ const (
 )
 
 // fatal encodes a FATAL ErrorResponse.
-func fatal(code, message string) []byte {
+func fatal(code, message string) []byte { return fatalDetail(code, message, "") }
+
+// fatalDetail is fatal with a DETAIL field (empty: none).
+func fatalDetail(code, message, detail string) []byte {
 	msg := &pgproto3.ErrorResponse{
 		Severity:            severityFatal,
 		SeverityUnlocalized: severityFatal,
 		Code:                code,
 		Message:             message,
+		Detail:              detail,
 	}
 	b, _ := msg.Encode(nil) // cannot fail: no field has a length limit
 	return b

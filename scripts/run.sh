@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# `make run`: start (or reuse) a local PostgreSQL, migrate it, create the demo tags and
-# table, and serve leafproxy on 127.0.0.1:6432 (admin HTTP on 127.0.0.1:8080).
+# `make run`: start (or reuse) a local PostgreSQL, migrate it, create the demo tag and
+# table (scripts/demo.sql, which docker-compose.yml runs too), and serve leafproxy on
+# 127.0.0.1:6432 (admin HTTP on 127.0.0.1:8080). Each step says what it does on stderr.
 #
 #   scripts/run.sh           start everything; Ctrl-C stops the proxy, PostgreSQL keeps running
 #   scripts/run.sh --stop    stop the PostgreSQL this script started
@@ -96,17 +97,18 @@ fi
 # LEAFPROXY_RUN_BIN: use this binary instead of building bin/leafproxy (the tests do).
 leafproxy="${LEAFPROXY_RUN_BIN:-bin/leafproxy}"
 if [ -z "${LEAFPROXY_RUN_BIN:-}" ]; then
+  say "building bin/leafproxy with $("$GO" env GOVERSION) (the first build compiles PostgreSQL's C parser, pg_query_go: about 75 s; later builds take seconds)"
   "$GO" build -o bin/leafproxy ./cmd/leafproxy
+  say "built bin/leafproxy"
 fi
+say "applying the migrations (leaf_alloc, leaf_worker_lease) to $dsn"
 "$leafproxy" migrate up --dsn "$dsn" >&2
 
 # Demo: "audit" is a segment tag (a leaf_alloc row), "order" a snowflake tag, and INSERTs
-# into orders get their id filled with an "order" ID.
-if ! "$leafproxy" tag list --json --dsn "$dsn" | grep -q '"tag": "audit"'; then
-  "$leafproxy" tag add audit --step 1000 --description "demo segment tag" --dsn "$dsn" >&2
-fi
+# into orders get their id filled with an "order" ID. docker-compose.yml runs the same file.
+say "creating the demo tag audit and the table orders (scripts/demo.sql)"
 "$pg_bin/psql" -q -X -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$pg_port" -U postgres -d postgres \
-  -c "CREATE TABLE IF NOT EXISTS orders (id bigint PRIMARY KEY, item text)" >&2
+  -f scripts/demo.sql >&2
 
 host=${listen%:*}
 port=${listen##*:}

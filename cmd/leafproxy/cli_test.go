@@ -137,7 +137,7 @@ func TestMigrate(t *testing.T) {
 		{[]string{"migrate", "force", "--dsn", dsn}, "want 1 argument"},
 		{[]string{"migrate", "force", "x", "--dsn", dsn}, "must be an integer"},
 		{[]string{"migrate", "up", "--dsn", "host=x dbname=y"}, "--dsn"},
-		{[]string{"migrate", "up"}, "--dsn: required"},
+		{[]string{"migrate", "up"}, "no store given: pass --dsn URL or set LEAFPROXY_STORE"},
 	} {
 		if r := leafproxy(t, nil, tc.args...); r.code != 2 || !strings.Contains(r.stderr, tc.want) {
 			t.Errorf("leafproxy %v: exit %d, stderr %q; want exit 2 and %q", tc.args, r.code, r.stderr, tc.want)

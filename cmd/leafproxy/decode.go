@@ -53,18 +53,43 @@ func decodeCmd(args []string, stdout, stderr io.Writer) error {
 		if err != nil || id < 0 {
 			return usageError("decode: %q is not a non-negative 64-bit integer", raw)
 		}
-		if err := enc.Encode(decoded(codec, id)); err != nil {
+		d := decoded(codec, id)
+		if d.Warning != "" {
+			fmt.Fprintf(stderr, "leafproxy: warning: %d %s\n", id, d.Warning)
+		}
+		if err := enc.Encode(d); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// decoded splits id for `leafproxy decode` and /decodeSnowflakeId alike.
+// decoded splits id for `leafproxy decode` and /decodeSnowflakeId alike, with a warning
+// when the value cannot be a snowflake ID of this layout and epoch.
 func decoded(codec snowflake.Codec, id int64) httpapi.Decoded {
 	p := codec.Decompose(id)
 	return httpapi.Decoded{
 		ID: id, Timestamp: p.Millis, Time: p.Time.UTC(), Worker: p.Worker, Sequence: p.Sequence,
 		WorkerID: strconv.FormatInt(p.Worker, 10), SequenceID: strconv.FormatInt(p.Sequence, 10),
+		Warning: notASnowflake(codec.Epoch(), p.Time, time.Now()),
 	}
+}
+
+// futureSlack lets an ID from a host whose clock runs slightly ahead decode without a
+// warning.
+const futureSlack = time.Minute
+
+// notASnowflake says why an ID whose time decodes to at cannot be a snowflake ID: no
+// engine issued IDs within a day of the epoch (small numbers, such as segment IDs, decode
+// to there), and none issued IDs in the future.
+func notASnowflake(epoch, at, now time.Time) string {
+	switch {
+	case at.Before(epoch.Add(24 * time.Hour)):
+		return fmt.Sprintf("cannot be a snowflake ID of this layout: its time %s is less than a day after the epoch %s (a segment ID?)",
+			at.UTC().Format(time.RFC3339), epoch.UTC().Format(time.RFC3339))
+	case at.After(now.Add(futureSlack)):
+		return fmt.Sprintf("cannot be a snowflake ID of this layout: its time %s is in the future (another epoch or layout?)",
+			at.UTC().Format(time.RFC3339))
+	}
+	return ""
 }

@@ -5,25 +5,26 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"strings"
 	"time"
 
 	"github.com/leafproxy/leafproxy/idgen/worker"
 	wpostgres "github.com/leafproxy/leafproxy/idgen/worker/postgres"
 	wzookeeper "github.com/leafproxy/leafproxy/idgen/worker/zookeeper"
 	"github.com/leafproxy/leafproxy/internal/config"
+	"github.com/leafproxy/leafproxy/internal/health"
 	"github.com/leafproxy/leafproxy/internal/httpapi"
 	"github.com/leafproxy/leafproxy/internal/metrics"
 )
 
 // workerSource builds the configured source of the snowflake worker ID.
 func (a *app) workerSource() (worker.Source, error) {
+	event := func(name string) { a.events.record(name); a.metrics.WorkerEvent(name) }
 	hooks := worker.Hooks{
-		OnReportError:    func(int64, error) { a.metrics.WorkerEvent("report_error") },
-		OnReconnect:      func(int64) { a.metrics.WorkerEvent("reconnect") },
-		OnSessionExpired: func(int64) { a.metrics.WorkerEvent("session_expired") },
-		OnFenced:         a.metrics.WorkerFenced,
-		OnRegained:       a.metrics.WorkerRegained,
+		OnReportError:    func(int64, error) { event("report_error") },
+		OnReconnect:      func(int64) { event("reconnect") },
+		OnSessionExpired: func(int64) { event("session_expired") },
+		OnFenced:         func(id int64) { a.events.record("fenced"); a.metrics.WorkerFenced(id) },
+		OnRegained:       func(id int64) { a.events.record("regained"); a.metrics.WorkerRegained(id) },
 	}
 	addr := a.advertisedAddr()
 	switch a.cfg.WorkerSource {
@@ -37,7 +38,9 @@ func (a *app) workerSource() (worker.Source, error) {
 	case config.WorkerPostgres:
 		return wpostgres.New(wpostgres.Settings{
 			Pool:   a.pool,
+			TTL:    a.cfg.WorkerLeaseTTL, // 0: the source's default
 			Holder: a.cfg.ZooKeeperName + "@" + addr,
+			Now:    a.now, // the lease's deadline is checked on the engine's clock
 			Logger: a.log,
 			Hooks:  hooks,
 		})
@@ -92,12 +95,20 @@ func firstNonLoopbackIP() string {
 	return "127.0.0.1"
 }
 
-// ready reports whether both engines can issue IDs now, and if not, why.
+// ready reports whether the proxy can serve clients and issue IDs now, and if not, why:
+// the upstream answers, the snowflake engine holds its worker ID, and the segment engine
+// has started and either reaches the store or still holds buffered IDs. The dependencies'
+// states come from the background probes, so a probe of /readyz never dials anything.
 func (a *app) ready(ctx context.Context) error {
 	if a.stopping.Load() {
 		return errors.New("shutting down")
 	}
 	var problems []string
+	if a.upstreamProbe != nil {
+		if p := a.upstreamProbe.State().Problem(); p != "" {
+			problems = append(problems, p)
+		}
+	}
 	if a.snowflake != nil {
 		if in := a.snowflake.Info(); !in.Running {
 			problems = append(problems, "snowflake engine not running")
@@ -105,28 +116,23 @@ func (a *app) ready(ctx context.Context) error {
 			problems = append(problems, fmt.Sprintf("snowflake worker ID %d not held (source %s)", in.WorkerID, in.Source))
 		}
 	}
-	if err := a.segmentReady(ctx); err != nil {
+	if err := a.segmentReady(); err != nil {
 		problems = append(problems, err.Error())
 	}
-	if len(problems) > 0 {
-		return errors.New(strings.Join(problems, "; "))
-	}
-	return nil
+	return joinProblems(problems)
 }
 
 // segmentReady: the segment engine can issue when it has started and either reaches the
 // store or still holds buffered IDs.
-func (a *app) segmentReady(ctx context.Context) error {
+func (a *app) segmentReady() error {
 	if a.segment == nil {
 		return errors.New("segment engine not configured")
 	}
 	if !a.segReady.Load() {
 		return errors.New("segment engine starting: waiting for the store to list the tags")
 	}
-	pingCtx, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	err := a.pool.Ping(pingCtx)
-	if err == nil {
+	st := a.storeProbe.State()
+	if !st.Checked || st.OK {
 		return nil
 	}
 	var buffered int64
@@ -137,7 +143,7 @@ func (a *app) segmentReady(ctx context.Context) error {
 		// Degraded but able to issue: stay in the load balancer.
 		return nil
 	}
-	return fmt.Errorf("store unreachable (%v) and no segment IDs buffered", err)
+	return fmt.Errorf("store unreachable (%s) and no segment IDs buffered", st.LastError)
 }
 
 // bufferLevels feeds the segment buffer gauges of /metrics.
@@ -174,6 +180,12 @@ func (a *app) status() httpapi.Status {
 			sf.HighWater = time.UnixMilli(hw)
 		}
 		st.Snowflake = sf
+		st.Lease = a.leaseStatus()
 	}
+	st.Health = []health.State{a.upstreamProbe.State(), a.storeProbe.State()}
+	st.ClientsOpen, st.ClientsTotal = a.metrics.Clients()
+	a.mu.Lock()
+	st.Conflicts = a.conflicts
+	a.mu.Unlock()
 	return st
 }

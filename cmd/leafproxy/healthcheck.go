@@ -41,7 +41,8 @@ func healthcheckCmd(args []string, stdout, stderr io.Writer) error {
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %s %s", req.URL, resp.Status, strings.TrimSpace(string(body)))
+		// The body says why ("not ready: upstream … unreachable …"); say it first.
+		return fmt.Errorf("%s (%s answered %s)", strings.TrimSpace(string(body)), req.URL, resp.Status)
 	}
 	fmt.Fprint(stdout, string(body))
 	return nil

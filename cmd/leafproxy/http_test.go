@@ -63,7 +63,7 @@ func TestHTTPEndpoints(t *testing.T) {
 	if code, body := s.get("/api/segment/get/invoice", ""); code != 200 || body != "5001" {
 		t.Errorf("first invoice ID = %d %q, want 5001", code, body)
 	}
-	if code, body := s.get("/api/segment/get/no-such-tag", ""); code != 404 || !strings.Contains(body, "unknown tag") {
+	if code, body := s.get("/api/segment/get/no-such-tag", ""); code != 404 || !strings.Contains(body, `unknown segment tag "no-such-tag"`) {
 		t.Errorf("unknown segment tag = %d %q, want 404", code, body)
 	}
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"testing"
 	"time"
 
@@ -137,6 +138,66 @@ func TestIDSourceTryNext(t *testing.T) {
 			var coded interface{ SQLState() string }
 			if !errors.As(err, &coded) || coded.SQLState() != tc.state {
 				t.Fatalf("Next(%q) after the refusal: %v, want SQLSTATE %s", tc.nextTag, err, tc.state)
+			}
+		})
+	}
+}
+
+// TestIDErrorWording: every ID failure reaches the client with a message free of Go
+// package names, the engine's account as DETAIL, a HINT with what to do, and its SQLSTATE.
+func TestIDErrorWording(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name                     string
+		err                      error
+		tag                      string // "" asks leaf_snowflake()
+		state, msg, detail, hint string
+	}{
+		{"unknown tag", fmt.Errorf("%w: %q", idgen.ErrUnknownTag, "nosuchtag"), "nosuchtag", "42704",
+			`unknown ID tag "nosuchtag"`,
+			`No leaf_alloc row and no snowflake-tags entry is named "nosuchtag".`,
+			`Create it with "leafproxy tag add nosuchtag --step 1000" (proxies see new tags within 60 s), or add it to snowflake-tags to serve it from the snowflake engine.`},
+		{"unknown tag with an odd name", fmt.Errorf("%w: %q", idgen.ErrUnknownTag, "a b"), "a b", "42704",
+			`unknown ID tag "a b"`,
+			`No leaf_alloc row and no snowflake-tags entry is named "a b".`,
+			`Create it with "leafproxy tag add NAME --step 1000" (proxies see new tags within 60 s), or add it to snowflake-tags to serve it from the snowflake engine.`},
+		{"store down, buffers empty", fmt.Errorf("%w: tag %q: both segments used up and the last load failed: %w", idgen.ErrUnavailable, "audit", errors.New("dial tcp 127.0.0.1:5432: connect: connection refused")), "audit", "58000",
+			`cannot issue an ID of tag "audit" now: the ID source is unavailable`,
+			`Tag "audit": both segments used up and the last load failed: dial tcp 127.0.0.1:5432: connect: connection refused.`,
+			`Retry in a moment; the proxy keeps trying to reach its store (see /readyz and the status page).`},
+		{"clock backwards", fmt.Errorf("%w: by 20ms (the engine waits out at most 5ms)", idgen.ErrClockBackwards), "snow", "55000",
+			`cannot issue an ID of snowflake tag "snow": the system clock moved backwards`,
+			`By 20ms (the engine waits out at most 5ms).`,
+			`Retry in a moment; if it repeats, check the time synchronisation (NTP) of the proxy's host.`},
+		{"worker not held", fmt.Errorf("%w: the lease on worker %d could not be renewed", idgen.ErrWorkerNotHeld, 7), "", "55000",
+			`cannot issue a snowflake ID: this proxy does not hold its snowflake worker ID now`,
+			`The lease on worker 7 could not be renewed.`,
+			`Retry in a moment; the proxy is renewing or acquiring its worker ID (see /readyz and the status page).`},
+		{"engine closed", fmt.Errorf("snowflake: engine not started or closed: %w", idgen.ErrUnavailable), "", "58000",
+			`cannot issue a snowflake ID now: the ID source is unavailable`,
+			`Engine not started or closed.`,
+			`Retry in a moment; the proxy keeps trying to reach its store (see /readyz and the status page).`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src := &idSource{router: idgen.NewRouter(errGen{tc.err}, errGen{tc.err}, []string{"snow"})}
+			var err error
+			if tc.tag == "" {
+				_, err = src.NextSnowflake(ctx)
+			} else {
+				_, err = src.Next(ctx, tc.tag)
+			}
+			var e *idError
+			if !errors.As(err, &e) {
+				t.Fatalf("error %T %v", err, err)
+			}
+			if e.SQLState() != tc.state || e.Error() != tc.msg || e.Detail() != tc.detail || e.Hint() != tc.hint {
+				t.Errorf("\n got %s %q\n     DETAIL %q\n     HINT %q\nwant %s %q\n     DETAIL %q\n     HINT %q",
+					e.SQLState(), e.Error(), e.Detail(), e.Hint(), tc.state, tc.msg, tc.detail, tc.hint)
+			}
+			for _, s := range []string{e.Error(), e.Detail()} {
+				if strings.Contains(s, "idgen") || strings.Contains(s, "segment:") || strings.Contains(s, "snowflake:") {
+					t.Errorf("%q shows a Go package name", s)
+				}
 			}
 		})
 	}

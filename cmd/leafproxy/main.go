@@ -187,14 +187,43 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
-// parseFlags parses args; a bad flag is a usage error (exit 2) whose message the flag
-// package has printed already.
+// parseFlags parses args. --help prints the usage; a bad flag is a usage error (exit 2)
+// of one line that names the nearest flag and points at --help, instead of the flag
+// package's message followed by the whole usage.
 func parseFlags(fs *flag.FlagSet, args []string) error {
+	usage, out := fs.Usage, fs.Output()
+	fs.Usage = func() {}
+	fs.SetOutput(io.Discard)
 	err := fs.Parse(args)
-	if err == nil || errors.Is(err, flag.ErrHelp) {
+	fs.Usage = usage
+	fs.SetOutput(out)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, flag.ErrHelp):
+		usage()
 		return err
 	}
-	return &exitError{code: 2, err: err, printed: true}
+	return &exitError{code: 2, err: flagError(fs, err)}
+}
+
+// flagError words a flag package error: flags are spelled with two dashes, as the usage
+// spells them, and an unknown one gets the nearest known name.
+func flagError(fs *flag.FlagSet, err error) error {
+	help := fmt.Sprintf("run \"leafproxy %s --help\" for the flags", fs.Name())
+	msg := err.Error()
+	if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
+		name = strings.TrimLeft(name, "-")
+		var names []string
+		fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+		msg = "unknown flag --" + name
+		if near := config.Nearest(name, names); near != "" {
+			msg += " (did you mean --" + near + "?)"
+		}
+	} else {
+		msg = strings.Replace(msg, " -", " --", 1)
+	}
+	return fmt.Errorf("%s: %s; %s", fs.Name(), msg, help)
 }
 
 // dsnFlag registers --dsn. Its default comes from $LEAFPROXY_STORE when the flag is
@@ -208,6 +237,9 @@ func dsnFlag(fs *flag.FlagSet) *string {
 func resolveDSN(dsn string) (string, error) {
 	if dsn == "" {
 		dsn = os.Getenv("LEAFPROXY_STORE")
+	}
+	if dsn == "" {
+		return "", usageError("no store given: pass --dsn URL or set LEAFPROXY_STORE, e.g. postgres://leaf@127.0.0.1:5432/app")
 	}
 	if err := config.CheckStoreDSN(dsn); err != nil {
 		return "", usageError("--dsn: %v", err)

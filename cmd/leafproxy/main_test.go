@@ -187,10 +187,12 @@ func startServeBinary(t *testing.T, bin string, env []string, args ...string) *s
 	return s
 }
 
-// waitFor polls cond until it holds, failing the test after 30 s or when serve exits.
+// waitFor polls cond until it holds, failing the test after 90 s or when serve exits. The
+// deadline is generous: on a loaded machine initdb and a server start alone take half a
+// minute.
 func (s *server) waitFor(what string, cond func() bool) {
 	s.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(90 * time.Second)
 	for !cond() {
 		select {
 		case <-s.done:

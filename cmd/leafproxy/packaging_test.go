@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -73,9 +74,18 @@ func TestDockerfile(t *testing.T) {
 	if got := lastField(dockerBuild[1]); got != makePkg {
 		t.Errorf("Dockerfile builds %s, make build builds %s", got, makePkg)
 	}
-	goVersion := regexp.MustCompile(`(?m)^go (\d+\.\d+)`).FindStringSubmatch(mod)
-	if !strings.Contains(df, "FROM golang:"+goVersion[1]+"-bookworm AS build") {
-		t.Errorf("builder image is not golang:%s-bookworm", goVersion[1])
+	// The builder is pinned to a Go release that satisfies go.mod's go line, so that the
+	// build neither fails nor downloads a toolchain.
+	goVersion := regexp.MustCompile(`(?m)^go (\S+)`).FindStringSubmatch(mod)
+	builder := regexp.MustCompile(`(?m)^FROM golang:(\d+\.\d+\.\d+)-bookworm AS build$`).FindStringSubmatch(df)
+	if goVersion == nil || builder == nil {
+		t.Fatalf("go.mod's go line %v or the pinned builder image golang:X.Y.Z-bookworm %v not found", goVersion, builder)
+	}
+	if versionLess(builder[1], goVersion[1]) {
+		t.Errorf("builder image golang:%s is older than go.mod's go %s", builder[1], goVersion[1])
+	}
+	if !strings.Contains(df, "GOTOOLCHAIN=local") {
+		t.Error("the build may download a toolchain: set GOTOOLCHAIN=local")
 	}
 	if !strings.Contains(df, "FROM debian:bookworm-slim") {
 		t.Error("runtime image is not debian:bookworm-slim (the builder's glibc)")
@@ -99,6 +109,24 @@ func TestDockerfile(t *testing.T) {
 	}
 }
 
+// versionLess compares dotted release numbers ("1.26.8" < "1.26.10").
+func versionLess(a, b string) bool {
+	pa, pb := strings.Split(a, "."), strings.Split(b, ".")
+	for i := 0; i < max(len(pa), len(pb)); i++ {
+		var x, y int
+		if i < len(pa) {
+			x, _ = strconv.Atoi(pa[i])
+		}
+		if i < len(pb) {
+			y, _ = strconv.Atoi(pb[i])
+		}
+		if x != y {
+			return x < y
+		}
+	}
+	return false
+}
+
 func lastField(s string) string {
 	f := strings.Fields(s)
 	return f[len(f)-1]
@@ -107,6 +135,8 @@ func lastField(s string) string {
 type composeFile struct {
 	Services map[string]struct {
 		Image       string            `yaml:"image"`
+		PullPolicy  string            `yaml:"pull_policy"`
+		Volumes     []string          `yaml:"volumes"`
 		Build       any               `yaml:"build"`
 		Command     []string          `yaml:"command"`
 		Environment map[string]string `yaml:"environment"`
@@ -120,15 +150,17 @@ type composeFile struct {
 	} `yaml:"services"`
 }
 
-// TestCompose: postgres, zookeeper, a one-shot migrate and leafproxy, with health checks
-// and a start order that waits for them; every LEAFPROXY_ variable is a real setting.
+// TestCompose: postgres, zookeeper, a one-shot migrate, the demo of `make run` from the
+// same SQL file, and leafproxy, with health checks and a start order that waits for them;
+// one image built once; every URL quoted; every LEAFPROXY_ variable a real setting.
 func TestCompose(t *testing.T) {
 	var c composeFile
-	dec := yaml.NewDecoder(strings.NewReader(repoFile(t, "docker-compose.yml")))
+	text := repoFile(t, "docker-compose.yml")
+	dec := yaml.NewDecoder(strings.NewReader(text))
 	if err := dec.Decode(&c); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"postgres", "zookeeper", "migrate", "leafproxy"} {
+	for _, name := range []string{"postgres", "zookeeper", "migrate", "demo", "leafproxy"} {
 		if _, ok := c.Services[name]; !ok {
 			t.Fatalf("docker-compose.yml has no %s service", name)
 		}
@@ -150,8 +182,44 @@ func TestCompose(t *testing.T) {
 			t.Errorf("leafproxy depends on %s with %q, want %q", dep, lp.DependsOn[dep].Condition, cond)
 		}
 	}
-	if mig.Image != lp.Image || mig.Build == nil || lp.Build == nil {
-		t.Errorf("migrate and leafproxy should build and share one image: %q vs %q", mig.Image, lp.Image)
+	if mig.Image != lp.Image || mig.Build == nil || lp.Build != nil || lp.PullPolicy != "never" {
+		t.Errorf("migrate should build the image once and leafproxy run it without pulling: %q %v, %q %v %q",
+			mig.Image, mig.Build, lp.Image, lp.Build, lp.PullPolicy)
+	}
+	// The demo is the file `make run` runs, after the migration and before the proxy.
+	demo := c.Services["demo"]
+	runSh := repoFile(t, "scripts/run.sh")
+	if !strings.Contains(runSh, "-f scripts/demo.sql") {
+		t.Error("scripts/run.sh does not run scripts/demo.sql")
+	}
+	if len(demo.Volumes) != 1 || !strings.HasPrefix(demo.Volumes[0], "./scripts/demo.sql:/demo.sql") {
+		t.Errorf("demo mounts %v, want ./scripts/demo.sql", demo.Volumes)
+	}
+	if cmd := strings.Join(demo.Command, " "); !strings.HasPrefix(cmd, "psql ") || !strings.Contains(cmd, "ON_ERROR_STOP=1 -f /demo.sql") ||
+		demo.Command[len(demo.Command)-1] != lp.Environment["LEAFPROXY_STORE"] {
+		t.Errorf("demo runs %v, want psql -f /demo.sql on the store", demo.Command)
+	}
+	if demo.DependsOn["migrate"].Condition != "service_completed_successfully" || lp.DependsOn["demo"].Condition != "service_completed_successfully" {
+		t.Errorf("demo must run after migrate and before leafproxy: %+v %+v", demo.DependsOn, lp.DependsOn)
+	}
+	sql := repoFile(t, "scripts/demo.sql")
+	for _, want := range []string{"'audit'", "CREATE TABLE IF NOT EXISTS orders"} {
+		if !strings.Contains(sql, want) {
+			t.Errorf("scripts/demo.sql lacks %s", want)
+		}
+	}
+	// The same snowflake tag and fill rule as make run.
+	if lp.Environment["LEAFPROXY_SNOWFLAKE_TAGS"] != "order" || lp.Environment["LEAFPROXY_FILL"] != "orders.id=order" ||
+		!strings.Contains(runSh, "--snowflake-tags order --fill orders.id=order") {
+		t.Errorf("compose and make run serve different demos: %v", lp.Environment)
+	}
+	// Every URL, in the comments too, is quoted, so that a shell does not glob its '?'.
+	for i, line := range strings.Split(text, "\n") {
+		for _, m := range regexp.MustCompile(`.?(postgres|https?)://`).FindAllString(line, -1) {
+			if m[0] != '"' {
+				t.Errorf("docker-compose.yml:%d: unquoted URL: %s", i+1, strings.TrimSpace(line))
+			}
+		}
 	}
 	if dsn := mig.Command[len(mig.Command)-1]; dsn != lp.Environment["LEAFPROXY_STORE"] {
 		t.Errorf("migrate uses %q, leafproxy's store is %q", dsn, lp.Environment["LEAFPROXY_STORE"])
@@ -184,8 +252,15 @@ func TestCompose(t *testing.T) {
 	}
 }
 
-// TestRunScriptSyntax: scripts/run.sh parses (and passes shellcheck where installed).
+// TestRunScriptSyntax: scripts/run.sh parses (and passes shellcheck where installed), and
+// says that the first build takes long before it starts it.
 func TestRunScriptSyntax(t *testing.T) {
+	text := repoFile(t, "scripts/run.sh")
+	say := strings.Index(text, "the first build compiles PostgreSQL's C parser")
+	build := strings.Index(text, `"$GO" build`)
+	if say < 0 || build < 0 || say > build {
+		t.Error("scripts/run.sh does not announce the long first build before it starts it")
+	}
 	script := filepath.Join("..", "..", "scripts", "run.sh")
 	if out, err := exec.Command("bash", "-n", script).CombinedOutput(); err != nil {
 		t.Fatalf("bash -n: %v\n%s", err, out)

@@ -12,9 +12,10 @@ import (
 	"github.com/leafproxy/leafproxy/internal/testenv"
 )
 
-// TestReadyzFollowsTheStore runs serve against a private PostgreSQL and stops it: while
-// segments are buffered the proxy stays ready; once the store is down and no IDs are
-// buffered /readyz answers 503 with the reason; when the store returns it is ready again.
+// TestReadyzFollowsTheStore runs serve with its store on a private PostgreSQL and stops
+// it (the upstream, on the shared server, stays up): while segments are buffered the proxy
+// stays ready; once the store is down and no IDs are buffered /readyz answers 503 with the
+// reason; when the store returns it is ready again.
 func TestReadyzFollowsTheStore(t *testing.T) {
 	t.Parallel()
 	pg := testenv.NewPostgres(t)
@@ -22,6 +23,9 @@ func TestReadyzFollowsTheStore(t *testing.T) {
 	mustRun(t, "migrate", "up", "--dsn", dsn)
 	mustRun(t, "tag", "add", "buffered", "--step", "1000", "--dsn", dsn)
 	mustRun(t, "tag", "add", "cold", "--step", "1000", "--dsn", dsn)
+	serveArgs := func(t *testing.T, dsn string, workerID int) []string {
+		return withUpstream(serveArgs(t, dsn, workerID), upstreamOf(t, testenv.PostgresURL(t)))
+	}
 	s := startServe(t, nil, serveArgs(t, dsn, 1)...)
 	waitReady(s)
 
@@ -69,10 +73,11 @@ func TestReadyzFollowsTheStore(t *testing.T) {
 			break
 		}
 	}
-	code, body = s2.get("/readyz", "")
-	if code != 503 || !strings.Contains(body, "store unreachable") || !strings.Contains(body, "no segment IDs buffered") {
-		t.Errorf("/readyz with the store down and the buffers empty = %d %q, want 503 with the reason", code, body)
-	}
+	// The store is checked in the background: wait for the check that sees it down.
+	s2.waitFor("/readyz to say the store is down and nothing is buffered", func() bool {
+		code, body = s2.get("/readyz", "")
+		return code == 503 && strings.Contains(body, "store unreachable") && strings.Contains(body, "no segment IDs buffered")
+	})
 	if err := pg.Start(ctx); err != nil {
 		t.Fatal(err)
 	}

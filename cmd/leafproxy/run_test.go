@@ -74,8 +74,12 @@ func TestMakeRun(t *testing.T) {
 			close(s.done)
 		}()
 		waitReady(s)
-		if !strings.Contains(out.String(), wantLog) {
-			t.Errorf("round %d: output lacks %q:\n%s", round, wantLog, out.String())
+		// Every step says what it does.
+		for _, w := range []string{wantLog, "run: applying the migrations (leaf_alloc, leaf_worker_lease)",
+			"run: creating the demo tag audit and the table orders (scripts/demo.sql)"} {
+			if !strings.Contains(out.String(), w) {
+				t.Errorf("round %d: output lacks %q:\n%s", round, w, out.String())
+			}
 		}
 		host, port, _ := strings.Cut(listen, ":")
 		want := `psql -h ` + host + ` -p ` + port + ` -U postgres -c "select leaf_next('order')"`

@@ -24,6 +24,7 @@ import (
 	"github.com/leafproxy/leafproxy/idgen/segment"
 	"github.com/leafproxy/leafproxy/idgen/snowflake"
 	"github.com/leafproxy/leafproxy/internal/config"
+	"github.com/leafproxy/leafproxy/internal/health"
 	"github.com/leafproxy/leafproxy/internal/httpapi"
 	"github.com/leafproxy/leafproxy/internal/metrics"
 	"github.com/leafproxy/leafproxy/migrations"
@@ -57,7 +58,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	defer stop()
 	a := &app{cfg: cfg, log: log, started: time.Now()}
 	if err := a.run(ctx); err != nil {
-		err = withSchemaHint(err)
+		err = withSchemaHint(startError(err, cfg))
 		// Said once, in the configured log format, so JSON log pipelines see why we exited.
 		log.WithError(err).Error("leafproxy stopped")
 		return &exitError{code: 1, err: err, printed: true}
@@ -109,10 +110,19 @@ type app struct {
 	snowflake *snowflake.Engine
 	router    *idgen.Router
 	clock     snowflake.Clock  // nil: the system clock
-	now       func() time.Time // the wall clock of the worker sources; nil: time.Now
+	now       func() time.Time // the clock of the worker sources (the engine's); nil: time.Now
 	debug     map[string]http.Handler
 	proxy     *proxy.Server
 	http      *http.Server
+
+	upstreamProbe *health.Probe
+	storeProbe    *health.Probe
+	history       *metrics.History
+	events        leaseEvents
+
+	mu        sync.Mutex
+	conflicts []string             // tags both in snowflake-tags and leaf_alloc
+	lease     *httpapi.LeaseStatus // the lease row as last read
 }
 
 func (a *app) run(ctx context.Context) (err error) {
@@ -164,6 +174,8 @@ func (a *app) run(ctx context.Context) (err error) {
 	}
 	a.metrics = metrics.New(buildVersion(), a.bufferLevels)
 	a.rates = a.metrics.NewRateMeter(10 * time.Second)
+	a.history = metrics.NewHistory(historySamples)
+	a.newProbes()
 
 	if a.segment, err = segment.New(segment.Settings{
 		Store:            segment.NewPostgresStore(a.pool),
@@ -191,8 +203,8 @@ func (a *app) run(ctx context.Context) (err error) {
 		Hooks: snowflake.Hooks{
 			OnClockBackwards:    a.metrics.ClockBackwards,
 			OnSequenceExhausted: a.metrics.SequenceExhausted,
-			OnWorkerLost:        a.metrics.WorkerLost,
-			OnWorkerAcquired:    a.metrics.WorkerAcquired,
+			OnWorkerLost:        func(id int64) { a.events.record("lost"); a.metrics.WorkerLost(id) },
+			OnWorkerAcquired:    func(id int64) { a.events.record("acquired"); a.metrics.WorkerAcquired(id) },
 		},
 	}); err != nil {
 		return err
@@ -217,18 +229,20 @@ func (a *app) run(ctx context.Context) (err error) {
 	if httpLn != nil {
 		a.http = &http.Server{
 			Handler: httpapi.New(httpapi.Options{
-				Segment:   segGen,
-				Snowflake: snowGen,
-				Decode:    func(id int64) httpapi.Decoded { return decoded(a.snowflake.Codec(), id) },
-				Cache:     a.segment.Snapshot,
-				Status:    a.status,
-				Rates:     a.rates.Rates,
-				Totals:    a.metrics.IssuedTotals,
-				Ready:     a.ready,
-				Metrics:   a.metrics.Handler(),
-				Token:     cfg.HTTPToken,
-				Logger:    log,
-				Extra:     a.debug,
+				Segment:        segGen,
+				Snowflake:      snowGen,
+				Decode:         func(id int64) httpapi.Decoded { return decoded(a.snowflake.Codec(), id) },
+				Cache:          a.segment.Snapshot,
+				Status:         a.status,
+				History:        a.historyNow,
+				Rates:          a.rates.Rates,
+				IsSnowflakeTag: a.router.IsSnowflake,
+				Totals:         a.metrics.IssuedTotals,
+				Ready:          a.ready,
+				Metrics:        a.metrics.Handler(),
+				Token:          cfg.HTTPToken,
+				Logger:         log,
+				Extra:          a.debug,
 			}),
 			ReadHeaderTimeout: 10 * time.Second,
 		}
@@ -241,11 +255,13 @@ func (a *app) run(ctx context.Context) (err error) {
 		}()
 		defer a.shutdownHTTP()
 	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		a.sampleRates(ctx)
-	}()
+	for _, chore := range []func(context.Context){a.sampleRates, a.watch, a.upstreamProbe.Run, a.storeProbe.Run} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			chore(ctx)
+		}()
+	}
 
 	// The snowflake engine must hold a worker ID before it may issue; a worker source
 	// that refuses (IDs exhausted, clock behind the recorded high-water mark) fails the
@@ -271,6 +287,7 @@ func (a *app) run(ctx context.Context) (err error) {
 		}
 		a.segReady.Store(true)
 		log.WithField("tags", len(a.segment.Tags())).Info("segment engine started")
+		a.checkTags()
 	}()
 	defer a.closeEngine("segment", a.segment.Close)
 

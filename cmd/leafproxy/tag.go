@@ -6,12 +6,16 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/leafproxy/leafproxy/internal/config"
 	"github.com/leafproxy/leafproxy/internal/tagadmin"
 )
 
@@ -62,15 +66,16 @@ func withDB(dsnArg string, f func(ctx context.Context, db *pgx.Conn) error) erro
 	defer cancel()
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
-		return fmt.Errorf("connect to the store: %w", err)
+		return fmt.Errorf("cannot connect to the store %s: %s", storeTarget(dsn), connectFailure(err))
 	}
 	defer conn.Close(context.Background())
 	return f(ctx, conn)
 }
 
 func tagAdd(args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("tag add", "tag add NAME --step N [--max-id M] [--description D] [--dsn URL]\n\nCreates segment tag NAME. Its first segment starts at max-id + 1.", stderr)
+	fs := newFlagSet("tag add", "tag add NAME --step N [--max-id M] [--description D] [--config FILE] [--dsn URL]\n\nCreates segment tag NAME. Its first segment starts at max-id + 1. A name the proxies'\nconfiguration (--config, LEAFPROXY_CONFIG, LEAFPROXY_SNOWFLAKE_TAGS) serves as a\nsnowflake tag is refused: a tag is served by one engine.", stderr)
 	dsn := dsnFlag(fs)
+	file := fs.String("config", "", "the proxies' configuration `FILE`, to refuse a name it lists in snowflake-tags (env LEAFPROXY_CONFIG)")
 	step := fs.Int64("step", 0, "minimum number of IDs (`N`) reserved per segment load (required, ≥ 1; Leaf uses 1000–2000)")
 	maxID := fs.Int64("max-id", 1, "IDs up to this one (`M`) are never handed out (the first ID is max-id + 1)")
 	desc := fs.String("description", "", "free `TEXT` stored with the tag")
@@ -85,6 +90,13 @@ func tagAdd(args []string, stdout, stderr io.Writer) error {
 	if *step == 0 && !flagGiven(fs, "step") {
 		return usageError("tag add: --step is required")
 	}
+	snow, origin, err := configuredSnowflakeTags(*file)
+	if err != nil {
+		return err
+	}
+	if slices.Contains(snow, pos[0]) {
+		return fmt.Errorf("tag add: %q is a snowflake tag (snowflake-tags in %s): a tag is served by one engine, so it cannot be a segment tag too; choose another name, or remove it from snowflake-tags first", pos[0], origin)
+	}
 	return withDB(*dsn, func(ctx context.Context, db *pgx.Conn) error {
 		if err := tagadmin.Add(ctx, db, pos[0], *step, *maxID, *desc); err != nil {
 			return err
@@ -92,6 +104,31 @@ func tagAdd(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "added tag %s: step %d, first ID %d\n", pos[0], *step, *maxID+1)
 		return nil
 	})
+}
+
+// configuredSnowflakeTags returns the snowflake tags the proxies' configuration names, as
+// far as this command can know it: $LEAFPROXY_SNOWFLAKE_TAGS, else the snowflake-tags of
+// the configuration file (file, else $LEAFPROXY_CONFIG); and where they come from.
+func configuredSnowflakeTags(file string) (tags []string, origin string, err error) {
+	if v, ok := os.LookupEnv("LEAFPROXY_SNOWFLAKE_TAGS"); ok {
+		for _, t := range strings.Split(v, ",") {
+			if t = strings.TrimSpace(t); t != "" {
+				tags = append(tags, t)
+			}
+		}
+		return tags, "env LEAFPROXY_SNOWFLAKE_TAGS", nil
+	}
+	if file == "" {
+		file = os.Getenv("LEAFPROXY_CONFIG")
+	}
+	if file == "" {
+		return nil, "", nil
+	}
+	c, err := config.ReadFile(file)
+	if err != nil {
+		return nil, "", err
+	}
+	return c.SnowflakeTags, "file " + file, nil
 }
 
 func flagGiven(fs *flag.FlagSet, name string) bool {

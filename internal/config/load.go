@@ -292,13 +292,27 @@ func yamlMessage(err error) string {
 }
 
 // nearest suggests the known name closest to an unknown one, if any is close.
-func nearest(name string) string {
-	best, bestD := "", 4
-	names := Names()
-	sort.Strings(names)
-	for _, n := range names {
-		if d := distance(strings.ToLower(strings.ReplaceAll(name, "_", "-")), n); d < bestD {
+func nearest(name string) string { return Nearest(name, Names()) }
+
+// Nearest returns the candidate an unknown name most likely meant: the closest one within
+// one edit per three letters (at least one, at most three; case and '_' for '-' do not
+// count), else the shortest one it begins, else "".
+func Nearest(name string, candidates []string) string {
+	name = strings.ToLower(strings.ReplaceAll(name, "_", "-"))
+	sorted := append([]string(nil), candidates...)
+	sort.Strings(sorted)
+	best, bestD := "", max(1, min(3, len(name)/3))+1
+	for _, n := range sorted {
+		if d := distance(name, n); d < bestD {
 			best, bestD = n, d
+		}
+	}
+	if best != "" || name == "" {
+		return best
+	}
+	for _, n := range sorted {
+		if strings.HasPrefix(n, name) && (best == "" || len(n) < len(best)) {
+			best = n
 		}
 	}
 	return best

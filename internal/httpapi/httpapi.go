@@ -11,7 +11,9 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -36,6 +38,12 @@ type Options struct {
 	Cache func() []segment.TagSnapshot
 	// Status returns what the status page shows besides the segment tags.
 	Status func() Status
+	// History returns the totals sampled over the last hour, oldest first, the last one
+	// being now's, for the status page's graphs and error counts.
+	History func() []metrics.HistorySample
+	// IsSnowflakeTag reports whether a tag is served by the snowflake engine, so that the
+	// segment endpoint can point at the snowflake one.
+	IsSnowflakeTag func(tag string) bool
 	// Rates returns IDs per second per engine and tag, Totals the IDs issued so far.
 	Rates  func() map[metrics.Key]float64
 	Totals func() map[metrics.Key]uint64
@@ -62,27 +70,9 @@ type Decoded struct {
 	Sequence   int64     `json:"sequence"`
 	WorkerID   string    `json:"workerId"`
 	SequenceID string    `json:"sequenceId"`
-}
-
-// Status is the non-segment part of the status page.
-type Status struct {
-	Version       string
-	StartedAt     time.Time
-	Listen        string
-	Upstream      string
-	SnowflakeTags []string
-	FillRules     []string
-	Snowflake     *SnowflakeStatus // nil when the snowflake engine is not running
-}
-
-// SnowflakeStatus describes the snowflake engine and its worker ID.
-type SnowflakeStatus struct {
-	Source    string // static, postgres, zookeeper
-	WorkerID  int64  // -1 while none is held
-	Held      bool
-	Layout    string
-	Epoch     time.Time
-	HighWater time.Time // the last millisecond used in an ID (the durable high-water mark)
+	// Warning says why the value cannot be a snowflake ID of this layout (its time is
+	// before the epoch plus a day, or in the future); empty when it can be one.
+	Warning string `json:"warning,omitempty"`
 }
 
 type server struct {
@@ -158,7 +148,7 @@ func (s *server) writeID(w http.ResponseWriter, r *http.Request, g idgen.Generat
 		if code == http.StatusInternalServerError {
 			s.Logger.WithFields(logrus.Fields{"engine": engine, "tag": tag, "error": err}).Warn("ID request failed")
 		}
-		http.Error(w, err.Error(), code)
+		http.Error(w, idMessage(err, engine, tag), code)
 		return
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -166,8 +156,48 @@ func (s *server) writeID(w http.ResponseWriter, r *http.Request, g idgen.Generat
 	_, _ = w.Write(strconv.AppendInt(nil, id, 10))
 }
 
+// idMessage words an engine error for the HTTP client, with what to do.
+func idMessage(err error, engine, tag string) string {
+	switch {
+	case errors.Is(err, idgen.ErrUnknownTag):
+		return fmt.Sprintf("unknown segment tag %q: create it with \"leafproxy tag add %s --step 1000\" (proxies see new tags within 60 s)", tag, tag)
+	case errors.Is(err, idgen.ErrBadArgument):
+		return "bad request: " + EngineAccount(err)
+	}
+	why := "the ID source is unavailable"
+	switch {
+	case errors.Is(err, idgen.ErrClockBackwards):
+		why = "the clock moved backwards"
+	case errors.Is(err, idgen.ErrWorkerNotHeld):
+		why = "this proxy does not hold its worker ID"
+	}
+	return fmt.Sprintf("cannot issue a %s ID now, %s: %s (see /readyz)", engine, why, EngineAccount(err))
+}
+
+// EngineAccount is an engine error's own account, without the texts of the idgen
+// sentinels (the caller words those) and without Go package prefixes: "tag \"x\": both
+// segments used up and the last load failed: …".
+func EngineAccount(err error) string {
+	s := err.Error()
+	for _, sentinel := range []error{idgen.ErrUnknownTag, idgen.ErrUnavailable, idgen.ErrClockBackwards,
+		idgen.ErrWorkerNotHeld, idgen.ErrBadArgument} {
+		s = strings.ReplaceAll(s, ": "+sentinel.Error(), "")
+		s = strings.ReplaceAll(s, sentinel.Error()+": ", "")
+		s = strings.ReplaceAll(s, sentinel.Error(), "")
+	}
+	for _, prefix := range []string{"idgen: ", "segment: ", "snowflake: "} {
+		s = strings.ReplaceAll(s, prefix, "")
+	}
+	return strings.Trim(s, " :")
+}
+
 func (s *server) segmentID(w http.ResponseWriter, r *http.Request) {
-	s.writeID(w, r, s.Segment, "segment", r.PathValue("tag"))
+	tag := r.PathValue("tag")
+	if s.IsSnowflakeTag != nil && s.IsSnowflakeTag(tag) {
+		http.Error(w, fmt.Sprintf("%q is a snowflake tag: ask /api/snowflake/get/%s", tag, url.PathEscape(tag)), http.StatusNotFound)
+		return
+	}
+	s.writeID(w, r, s.Segment, "segment", tag)
 }
 
 func (s *server) snowflakeID(w http.ResponseWriter, r *http.Request) {

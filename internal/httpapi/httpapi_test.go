@@ -75,9 +75,10 @@ func fullOptions() Options {
 		Rates: func() map[metrics.Key]float64 {
 			return map[metrics.Key]float64{{Engine: "segment", Tag: "audit"}: 12.5}
 		},
-		Totals:  func() map[metrics.Key]uint64 { return map[metrics.Key]uint64{{Engine: "segment", Tag: "audit"}: 100} },
-		Ready:   func(context.Context) error { return nil },
-		Metrics: m.Handler(),
+		Totals:         func() map[metrics.Key]uint64 { return map[metrics.Key]uint64{{Engine: "segment", Tag: "audit"}: 100} },
+		Ready:          func(context.Context) error { return nil },
+		Metrics:        m.Handler(),
+		IsSnowflakeTag: func(tag string) bool { return tag == "order" },
 	}
 }
 
@@ -90,8 +91,9 @@ func TestEndpoints(t *testing.T) {
 		ctype string
 	}{
 		{"/api/segment/get/audit", 200, "1001", "text/plain"},
-		{"/api/segment/get/nope", 404, "unknown tag", "text/plain"},
-		{"/api/segment/get/down", 500, "unavailable", "text/plain"},
+		{"/api/segment/get/nope", 404, `unknown segment tag "nope": create it with "leafproxy tag add nope --step 1000"`, "text/plain"},
+		{"/api/segment/get/order", 404, `"order" is a snowflake tag: ask /api/snowflake/get/order`, "text/plain"},
+		{"/api/segment/get/down", 500, "cannot issue a segment ID now, the ID source is unavailable: x (see /readyz)", "text/plain"},
 		{"/api/snowflake/get/anything", 200, "1099511627776", "text/plain"},
 		{"/decodeSnowflakeId?snowflakeId=42", 200, `"worker": 3`, "application/json"},
 		{"/decodeSnowflakeId?snowflakeId=abc", 400, "non-negative", "text/plain"},
@@ -162,13 +164,19 @@ func TestToken(t *testing.T) {
 
 func TestNotReady(t *testing.T) {
 	o := fullOptions()
-	o.Ready = func(context.Context) error { return errors.New("store unreachable and no segment IDs buffered") }
+	o.Ready = func(context.Context) error {
+		return errors.New("upstream 127.0.0.1:1 unreachable; store unreachable and no segment IDs buffered")
+	}
 	srv := newTestServer(t, o)
 	if code, body, _ := get(t, srv, "/readyz", ""); code != 503 || !strings.Contains(body, "store unreachable") {
 		t.Errorf("/readyz = %d %q", code, body)
 	}
-	if _, body, _ := get(t, srv, "/", ""); !strings.Contains(body, "not ready: store unreachable") {
-		t.Errorf("status page does not show the reason")
+	_, body, _ := get(t, srv, "/", "")
+	for _, want := range []string{`id="ready">not ready<`,
+		"<li>upstream 127.0.0.1:1 unreachable</li><li>store unreachable and no segment IDs buffered</li>"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("status page lacks %q:\n%s", want, body)
+		}
 	}
 }
 
@@ -245,5 +253,26 @@ func TestExtraHandlers(t *testing.T) {
 	}
 	if code, _, _ := get(t, srv, "/debug/x", "t"); code != http.StatusMethodNotAllowed {
 		t.Errorf("GET on a POST pattern = %d", code)
+	}
+}
+
+// TestIDFailureMessages: each engine failure over HTTP says what happened in words, with
+// the engine's account and no Go package names.
+func TestIDFailureMessages(t *testing.T) {
+	o := fullOptions()
+	o.Segment = fakeGen{
+		"back": fmt.Errorf("%w: by 2s (the engine waits out at most 5ms)", idgen.ErrClockBackwards),
+		"held": fmt.Errorf("%w: the lease on worker 7 could not be renewed", idgen.ErrWorkerNotHeld),
+		"down": fmt.Errorf("segment: reload tags: %w", idgen.ErrUnavailable),
+	}
+	srv := newTestServer(t, o)
+	for path, want := range map[string]string{
+		"/api/segment/get/back": "cannot issue a segment ID now, the clock moved backwards: by 2s (the engine waits out at most 5ms) (see /readyz)\n",
+		"/api/segment/get/held": "cannot issue a segment ID now, this proxy does not hold its worker ID: the lease on worker 7 could not be renewed (see /readyz)\n",
+		"/api/segment/get/down": "cannot issue a segment ID now, the ID source is unavailable: reload tags (see /readyz)\n",
+	} {
+		if code, body, _ := get(t, srv, path, ""); code != 500 || body != want {
+			t.Errorf("GET %s = %d %q, want 500 %q", path, code, body, want)
+		}
 	}
 }

@@ -6,54 +6,169 @@ import (
 	"html/template"
 	"net/http"
 	"sort"
+	"strings"
 	"time"
 
+	"github.com/leafproxy/leafproxy/internal/health"
 	"github.com/leafproxy/leafproxy/internal/metrics"
 )
 
-// statusTemplate is the human status page: no scripts, no external assets, refreshes
-// itself every 5 s.
+// The status page is one server-rendered HTML document that an operator keeps open: it
+// reloads itself every refreshSeconds with a meta refresh, draws its graphs as inline SVG,
+// runs no script and fetches nothing, so it works as plain HTML, in a text browser, and
+// behind a proxy that strips JavaScript.
+const refreshSeconds = 5
+
+// Status is the non-segment part of the status page.
+type Status struct {
+	Version       string
+	StartedAt     time.Time
+	Listen        string
+	Upstream      string
+	SnowflakeTags []string
+	FillRules     []string
+	Snowflake     *SnowflakeStatus // nil when the snowflake engine is not running
+	// Health is the last known state of the upstream database and the store.
+	Health []health.State
+	// ClientsOpen are the client connections open now, ClientsTotal those accepted.
+	ClientsOpen, ClientsTotal int64
+	// Conflicts are tags named both in snowflake-tags and in leaf_alloc: the proxy serves
+	// them from the snowflake engine only.
+	Conflicts []string
+	// Lease is what is known of the snowflake worker ID's lease; nil when not known.
+	Lease *LeaseStatus
+}
+
+// SnowflakeStatus describes the snowflake engine and its worker ID.
+type SnowflakeStatus struct {
+	Source    string // static, postgres, zookeeper
+	WorkerID  int64  // -1 while none is held
+	Held      bool
+	Layout    string
+	Epoch     time.Time
+	HighWater time.Time // the last millisecond used in an ID (the durable high-water mark)
+}
+
+// LeaseStatus is the worker ID's lease as the store or the ZooKeeper session shows it.
+type LeaseStatus struct {
+	// Holder, ExpiresAt and Renewed are the lease row of the postgres source (zero when
+	// unknown); ReadError says why the row could not be read.
+	Holder    string
+	ExpiresAt time.Time
+	Renewed   time.Time
+	ReadError string
+	// Session is the ZooKeeper session as its events tell it ("connected", …); empty for
+	// other sources.
+	Session string
+	// Events are the lease events seen since start, by name.
+	Events []LeaseEvent
+}
+
+// LeaseEvent counts one kind of lease event (acquired, fenced, reconnect, …).
+type LeaseEvent struct {
+	Name  string
+	Count uint64
+	Last  time.Time
+}
+
+// sqlStateNames are the SQLSTATEs the proxy answers itself, for the errors table.
+var sqlStateNames = map[string]string{
+	"42704": "unknown tag",
+	"22023": "bad argument",
+	"0A000": "unsupported here",
+	"55000": "clock backwards / worker ID not held",
+	"58000": "ID source unavailable",
+	"22P04": "bad COPY data",
+	"54000": "message too large",
+	"54001": "statement too complex",
+	"08001": "upstream unreachable",
+	"53300": "too many clients",
+	"57P03": "shutting down",
+}
+
 var statusTemplate = template.Must(template.New("status").Parse(`<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
-<meta http-equiv="refresh" content="5">
+<meta http-equiv="refresh" content="{{.Refresh}}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
 <title>leafproxy status</title>
 <style>
-body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2rem; color: #1d2733; background: #f6f8fa; }
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 1.5rem 2rem; color: #1d2733; background: #f6f8fa; }
 h1 { font-size: 1.5rem; margin: 0 0 .25rem; }
-h2 { font-size: 1.1rem; margin: 1.75rem 0 .5rem; }
-.sub { color: #5b6775; margin-bottom: 1rem; }
-.ready { display: inline-block; padding: .1rem .6rem; border-radius: 1rem; font-weight: 600; }
-.ok { background: #d7f5df; color: #11632b; } .bad { background: #fde1e1; color: #8d1a1a; }
+h2 { font-size: 1.1rem; margin: 1.5rem 0 .5rem; }
+.sub { color: #5b6775; margin-bottom: .75rem; }
+.ready, .state { display: inline-block; padding: .1rem .6rem; border-radius: 1rem; font-weight: 600; }
+.ok { background: #d7f5df; color: #11632b; } .bad { background: #fde1e1; color: #8d1a1a; } .warn { background: #fff1c9; color: #6b4e00; }
+ul.reasons { margin: .4rem 0 0; color: #8d1a1a; }
 table { border-collapse: collapse; background: #fff; box-shadow: 0 1px 2px rgba(0,0,0,.08); min-width: 40rem; }
-th, td { padding: .4rem .8rem; border-bottom: 1px solid #e3e7ec; text-align: left; white-space: nowrap; }
+th, td { padding: .35rem .7rem; border-bottom: 1px solid #e3e7ec; text-align: left; white-space: nowrap; }
 th { background: #eef1f5; font-weight: 600; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
-.bar { width: 9rem; height: .7rem; background: #e3e7ec; border-radius: .35rem; overflow: hidden; display: inline-block; vertical-align: middle; }
+td.err { white-space: normal; max-width: 32rem; color: #8d1a1a; font-family: ui-monospace, monospace; font-size: 12px; }
+.bar { width: 7rem; height: .7rem; background: #e3e7ec; border-radius: .35rem; overflow: hidden; display: inline-block; vertical-align: middle; }
 .bar span { display: block; height: 100%; background: #3a7bd5; }
 .bar.next span { background: #7fb069; }
-dl { display: grid; grid-template-columns: max-content auto; gap: .3rem 1.25rem; background: #fff; padding: .8rem 1rem; box-shadow: 0 1px 2px rgba(0,0,0,.08); max-width: 44rem; }
+dl { display: grid; grid-template-columns: max-content auto; gap: .3rem 1.25rem; background: #fff; padding: .8rem 1rem; box-shadow: 0 1px 2px rgba(0,0,0,.08); max-width: 52rem; margin: 0; }
 dt { color: #5b6775; } dd { margin: 0; font-family: ui-monospace, monospace; }
 .muted { color: #8a96a3; }
+.graphs { display: flex; flex-wrap: wrap; gap: 1rem; }
+figure { margin: 0; background: #fff; padding: .5rem .75rem; box-shadow: 0 1px 2px rgba(0,0,0,.08); }
+figcaption { color: #5b6775; font-size: 12px; }
+svg text { font: 10px system-ui, sans-serif; fill: #5b6775; }
 </style>
 </head>
 <body>
 <h1>leafproxy</h1>
 <div class="sub">{{.Status.Version}} · up since {{.Status.StartedAt.Format "2006-01-02 15:04:05 MST"}} · proxy {{.Status.Listen}} → {{.Status.Upstream}}</div>
-{{if .ReadyErr}}<span class="ready bad" id="ready">not ready: {{.ReadyErr}}</span>{{else}}<span class="ready ok" id="ready">ready</span>{{end}}
+<div class="sub" id="freshness">Generated at <time datetime="{{.Now.Format "2006-01-02T15:04:05Z07:00"}}">{{.Now.Format "2006-01-02 15:04:05 MST"}}</time>; this page reloads every {{.Refresh}} s, health is checked in the background every few seconds.</div>
+{{if .Reasons}}<div><span class="ready bad" id="ready">not ready</span>
+<ul class="reasons" id="not-ready">{{range .Reasons}}<li>{{.}}</li>{{end}}</ul></div>{{else}}<span class="ready ok" id="ready">ready</span>{{end}}
+{{range .Status.Conflicts}}<p class="state warn conflict">tag {{.}} is both a snowflake tag and a leaf_alloc row: served by snowflake only; remove the row or the snowflake-tags entry</p>{{end}}
+
+<h2>Dependencies</h2>
+<table id="health">
+<tr><th>what</th><th>address</th><th>state</th><th>since</th><th>last check</th><th>last error</th></tr>
+{{range .Status.Health}}<tr id="health-{{.Name}}">
+<td>{{.Name}}</td><td>{{.Target}}</td>
+<td>{{if not .Checked}}<span class="state warn">not checked yet</span>{{else if .OK}}<span class="state ok">reachable</span>{{else}}<span class="state bad">unreachable</span>{{end}}</td>
+<td>{{if .Checked}}{{.Since.Format "15:04:05"}}{{end}}</td>
+<td>{{if .Checked}}{{.LastCheck.Format "15:04:05"}}{{end}}</td>
+<td class="err">{{if .LastError}}{{.LastErrorAt.Format "15:04:05"}}: {{.LastError}}{{else}}<span class="muted">none</span>{{end}}</td>
+</tr>{{else}}<tr><td colspan="6" class="muted">not checked</td></tr>{{end}}
+</table>
+
+<h2>Clients and errors</h2>
+<dl id="clients">
+<dt>client connections</dt><dd id="clients-open">{{.Status.ClientsOpen}} open, {{.Status.ClientsTotal}} accepted since start</dd>
+</dl>
+<p></p>
+<table id="errors">
+<tr><th>SQLSTATE</th><th>meaning</th><th>kind</th><th>last 5 min</th><th>last hour</th><th>since start</th></tr>
+{{range .Errors}}<tr><td><code>{{.Code}}</code></td><td>{{.Meaning}}</td><td>{{.Kind}}</td><td class="num">{{.Last5m}}</td><td class="num">{{.LastHour}}</td><td class="num">{{.Total}}</td></tr>
+{{else}}<tr><td colspan="6" class="muted">no errors or refusals since start</td></tr>{{end}}
+</table>
+
+<h2>Last hour</h2>
+<div class="graphs" id="history">
+{{range .Graphs}}<figure>{{.SVG}}<figcaption>{{.Caption}}</figcaption></figure>
+{{end}}</div>
 
 <h2>Tags</h2>
 <table id="tags">
-<tr><th>tag</th><th>engine</th><th>step</th><th>current buffer</th><th>next buffer</th><th>IDs issued</th><th>IDs/s</th></tr>
+<tr><th>tag</th><th>engine</th><th>step</th><th>current buffer</th><th>next buffer</th><th>current range</th><th>last load</th><th>last error</th><th>IDs issued</th><th>IDs/s</th></tr>
 {{range .Rows}}<tr>
 <td>{{.Tag}}</td><td>{{.Engine}}</td>
 {{if .Segment}}<td class="num">{{.Step}}</td>
 <td>{{if .Initialized}}<span class="bar"><span style="width: {{.CurPct}}%"></span></span> {{.CurIdle}} left{{else}}<span class="muted">not loaded yet</span>{{end}}</td>
-<td>{{if .NextReady}}<span class="bar next"><span style="width: {{.NextPct}}%"></span></span> {{.NextIdle}} ready{{else if .Loading}}loading…{{else}}<span class="muted">—</span>{{end}}{{if .LastError}} <span class="muted" title="{{.LastError}}">(last load failed)</span>{{end}}</td>
-{{else}}<td class="muted">—</td><td class="muted">—</td><td class="muted">—</td>{{end}}
+<td>{{if .NextReady}}<span class="bar next"><span style="width: {{.NextPct}}%"></span></span> {{.NextIdle}} ready{{else if .Loading}}loading…{{else}}<span class="muted">—</span>{{end}}</td>
+<td>{{if .Initialized}}{{.RangeStart}}–{{.RangeMax}}{{else}}<span class="muted">—</span>{{end}}</td>
+<td>{{if .LastLoad.IsZero}}<span class="muted">never</span>{{else}}{{.LastLoad.Format "15:04:05"}}{{end}}</td>
+<td class="err">{{if .LastError}}{{.LastError}}{{else}}<span class="muted">none</span>{{end}}</td>
+{{else}}<td class="muted">—</td><td class="muted">—</td><td class="muted">—</td><td class="muted">—</td><td class="muted">—</td>
+<td>{{if .Conflict}}<span class="state warn">also a leaf_alloc row: ignored</span>{{else}}<span class="muted">—</span>{{end}}</td>{{end}}
 <td class="num">{{.Issued}}</td><td class="num">{{printf "%.1f" .Rate}}</td>
-</tr>{{else}}<tr><td colspan="7" class="muted">no tags yet: add one with <code>leafproxy tag add NAME --step N</code></td></tr>{{end}}
+</tr>{{else}}<tr><td colspan="10" class="muted">no tags yet: add one with <code>leafproxy tag add NAME --step N</code></td></tr>{{end}}
 </table>
 
 <h2>Snowflake</h2>
@@ -63,6 +178,12 @@ dt { color: #5b6775; } dd { margin: 0; font-family: ui-monospace, monospace; }
 <dt>clock high-water</dt><dd>{{if .HighWater.IsZero}}none yet{{else}}{{.HighWater.Format "2006-01-02 15:04:05.000 MST"}}{{end}}</dd>
 <dt>layout</dt><dd>{{.Layout}}</dd>
 <dt>epoch</dt><dd>{{.Epoch.Format "2006-01-02 15:04:05.000 MST"}}</dd>
+{{with $.Status.Lease}}{{if .Holder}}<dt>lease holder</dt><dd id="lease-holder">{{.Holder}}</dd>{{end}}
+{{if not .ExpiresAt.IsZero}}<dt>lease expires</dt><dd id="lease-expires">{{.ExpiresAt.Format "2006-01-02 15:04:05 MST"}}</dd>{{end}}
+{{if not .Renewed.IsZero}}<dt>last renewal</dt><dd id="lease-renewed">{{.Renewed.Format "2006-01-02 15:04:05 MST"}}</dd>{{end}}
+{{if .ReadError}}<dt>lease row</dt><dd id="lease-error">not read: {{.ReadError}}</dd>{{end}}
+{{if .Session}}<dt>ZooKeeper session</dt><dd id="zk-session">{{.Session}}</dd>{{end}}
+<dt>lease events</dt><dd id="lease-events">{{range $i, $e := .Events}}{{if $i}}; {{end}}{{$e.Name}} {{$e.Count}}{{if not $e.Last.IsZero}} (last {{$e.Last.Format "15:04:05"}}){{end}}{{else}}none{{end}}</dd>{{end}}
 </dl>{{else}}<p class="muted">The snowflake engine is not running.</p>{{end}}
 
 <h2>Fill rules</h2>
@@ -74,22 +195,34 @@ dt { color: #5b6775; } dd { margin: 0; font-family: ui-monospace, monospace; }
 `))
 
 type statusRow struct {
-	Tag, Engine        string
-	Segment            bool
-	Initialized        bool
-	Step               int64
-	CurIdle, NextIdle  int64
-	CurPct, NextPct    int
-	NextReady, Loading bool
-	LastError          string
-	Issued             uint64
-	Rate               float64
+	Tag, Engine          string
+	Segment              bool
+	Initialized          bool
+	Step                 int64
+	CurIdle, NextIdle    int64
+	CurPct, NextPct      int
+	NextReady, Loading   bool
+	RangeStart, RangeMax int64
+	LastLoad             time.Time
+	LastError            string
+	Conflict             bool
+	Issued               uint64
+	Rate                 float64
+}
+
+type errorRow struct {
+	Code, Meaning, Kind     string
+	Last5m, LastHour, Total uint64
 }
 
 type statusData struct {
-	Status   Status
-	ReadyErr string
-	Rows     []statusRow
+	Now     time.Time
+	Refresh int
+	Status  Status
+	Reasons []string
+	Rows    []statusRow
+	Errors  []errorRow
+	Graphs  []graph
 }
 
 func pct(idle, size int64) int {
@@ -100,49 +233,23 @@ func pct(idle, size int64) int {
 }
 
 func (s *server) statusPage(w http.ResponseWriter, r *http.Request) {
-	d := statusData{}
+	d := statusData{Now: time.Now().UTC(), Refresh: refreshSeconds}
 	if s.Status != nil {
 		d.Status = s.Status()
 	}
 	if s.Ready != nil {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		if err := s.Ready(ctx); err != nil {
-			d.ReadyErr = err.Error()
+			d.Reasons = strings.Split(err.Error(), "; ")
 		}
 		cancel()
 	}
-	var rates map[metrics.Key]float64
-	var totals map[metrics.Key]uint64
-	if s.Rates != nil {
-		rates = s.Rates()
+	d.Rows = s.tagRows(d.Status)
+	if s.History != nil {
+		samples := s.History()
+		d.Errors = errorRows(samples, d.Now)
+		d.Graphs = historyGraphs(samples, d.Now)
 	}
-	if s.Totals != nil {
-		totals = s.Totals()
-	}
-	if s.Cache != nil {
-		for _, t := range s.Cache() {
-			k := metrics.Key{Engine: "segment", Tag: t.Tag}
-			cur, next := t.Buffers[t.Pos], t.Buffers[1-t.Pos]
-			row := statusRow{Tag: t.Tag, Engine: "segment", Segment: true, Initialized: t.Initialized,
-				Step: t.Step, CurIdle: cur.Idle, CurPct: pct(cur.Idle, cur.Step),
-				NextReady: t.NextReady, Loading: t.Loading, LastError: t.LastError,
-				Issued: totals[k], Rate: rates[k]}
-			if t.NextReady {
-				row.NextIdle, row.NextPct = next.Idle, pct(next.Idle, next.Step)
-			}
-			d.Rows = append(d.Rows, row)
-		}
-	}
-	for _, tag := range d.Status.SnowflakeTags {
-		k := metrics.Key{Engine: "snowflake", Tag: tag}
-		d.Rows = append(d.Rows, statusRow{Tag: tag, Engine: "snowflake", Issued: totals[k], Rate: rates[k]})
-	}
-	// leaf_snowflake() and the HTTP snowflake endpoint carry no tag.
-	if k := (metrics.Key{Engine: "snowflake"}); totals[k] > 0 {
-		d.Rows = append(d.Rows, statusRow{Tag: "(untagged)", Engine: "snowflake", Issued: totals[k], Rate: rates[k]})
-	}
-	sort.SliceStable(d.Rows, func(i, j int) bool { return d.Rows[i].Tag < d.Rows[j].Tag })
-
 	var buf bytes.Buffer
 	if err := statusTemplate.Execute(&buf, d); err != nil {
 		s.Logger.WithField("error", err).Error("render status page")
@@ -152,4 +259,92 @@ func (s *server) statusPage(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	_, _ = w.Write(buf.Bytes())
+}
+
+// tagRows lists every tag once: a tag that is both a snowflake tag and a leaf_alloc row is
+// served by snowflake, so it is listed as such, with the conflict noted.
+func (s *server) tagRows(st Status) []statusRow {
+	var rates map[metrics.Key]float64
+	var totals map[metrics.Key]uint64
+	if s.Rates != nil {
+		rates = s.Rates()
+	}
+	if s.Totals != nil {
+		totals = s.Totals()
+	}
+	snow := make(map[string]bool, len(st.SnowflakeTags))
+	for _, t := range st.SnowflakeTags {
+		snow[t] = true
+	}
+	conflict := map[string]bool{}
+	var rows []statusRow
+	if s.Cache != nil {
+		for _, t := range s.Cache() {
+			if snow[t.Tag] {
+				conflict[t.Tag] = true
+				continue
+			}
+			k := metrics.Key{Engine: "segment", Tag: t.Tag}
+			cur, next := t.Buffers[t.Pos], t.Buffers[1-t.Pos]
+			row := statusRow{Tag: t.Tag, Engine: "segment", Segment: true, Initialized: t.Initialized,
+				Step: t.Step, CurIdle: cur.Idle, CurPct: pct(cur.Idle, cur.Step),
+				NextReady: t.NextReady, Loading: t.Loading, LastError: t.LastError, LastLoad: t.LastLoad,
+				RangeStart: cur.Start, RangeMax: cur.Max,
+				Issued: totals[k], Rate: rates[k]}
+			if t.NextReady {
+				row.NextIdle, row.NextPct = next.Idle, pct(next.Idle, next.Step)
+			}
+			rows = append(rows, row)
+		}
+	}
+	for _, tag := range st.SnowflakeTags {
+		k := metrics.Key{Engine: "snowflake", Tag: tag}
+		rows = append(rows, statusRow{Tag: tag, Engine: "snowflake", Conflict: conflict[tag], Issued: totals[k], Rate: rates[k]})
+	}
+	// leaf_snowflake() and the HTTP snowflake endpoint carry no tag.
+	if k := (metrics.Key{Engine: "snowflake"}); totals[k] > 0 {
+		rows = append(rows, statusRow{Tag: "(untagged)", Engine: "snowflake", Issued: totals[k], Rate: rates[k]})
+	}
+	sort.SliceStable(rows, func(i, j int) bool { return rows[i].Tag < rows[j].Tag })
+	return rows
+}
+
+// errorRows counts the errors and refusals by SQLSTATE over the last 5 minutes, the last
+// hour (or as much of it as the history holds) and since start.
+func errorRows(samples []metrics.HistorySample, now time.Time) []errorRow {
+	if len(samples) == 0 {
+		return nil
+	}
+	last := samples[len(samples)-1]
+	ago := func(d time.Duration) metrics.HistorySample {
+		base := samples[0]
+		for _, s := range samples {
+			if s.At.After(now.Add(-d)) {
+				break
+			}
+			base = s
+		}
+		return base
+	}
+	before5m, beforeHour := ago(5*time.Minute), ago(time.Hour)
+	var rows []errorRow
+	add := func(kind string, totals, at5m, atHour map[string]uint64) {
+		for code, n := range totals {
+			if n == 0 {
+				continue
+			}
+			meaning := sqlStateNames[code]
+			rows = append(rows, errorRow{Code: code, Meaning: meaning, Kind: kind,
+				Last5m: n - min(n, at5m[code]), LastHour: n - min(n, atHour[code]), Total: n})
+		}
+	}
+	add("statement error", last.Errors, before5m.Errors, beforeHour.Errors)
+	add("client refused", last.Rejects, before5m.Rejects, beforeHour.Rejects)
+	sort.Slice(rows, func(i, j int) bool {
+		if rows[i].Kind != rows[j].Kind {
+			return rows[i].Kind > rows[j].Kind
+		}
+		return rows[i].Code < rows[j].Code
+	})
+	return rows
 }

@@ -9,17 +9,39 @@ import (
 	"errors"
 	"net/http"
 	"runtime"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/leafproxy/leafproxy/idgen"
 )
 
 const namespace = "leafproxy"
+
+// Label values known before anything happens. Their series exist from the start at zero,
+// so that an alert on increase(…) > 0 sees the first event (a series that appears with
+// the value 1 has no increase to show).
+var (
+	// StatementSQLStates are the SQLSTATEs the proxy answers a statement with itself
+	// (leafproxy_errors_total).
+	StatementSQLStates = []string{"42704", "22023", "0A000", "55000", "58000", "22P04", "54000", "54001"}
+	// StartupSQLStates are the SQLSTATEs of the FATAL errors with which the proxy refuses a
+	// client itself (leafproxy_client_rejects_total).
+	StartupSQLStates = []string{"08001", "53300", "57P03", "0A000"}
+	// ErrorReasons are the reasons of leafproxy_id_errors_total (see ErrorReason).
+	ErrorReasons = []string{"unknown_tag", "unavailable", "clock_backwards", "worker_not_held", "bad_argument", "canceled", "other"}
+	// WorkerEvents are the events of leafproxy_worker_events_total.
+	WorkerEvents = []string{"acquired", "lost", "fenced", "regained", "report_error", "reconnect", "session_expired"}
+	// RewriteKinds are the kinds of leafproxy_rewrites_total.
+	RewriteKinds = []string{"query", "parse", "fast_path"}
+	// Engines are the engines of the per-engine series.
+	Engines = []string{"segment", "snowflake"}
+)
 
 // Metrics owns the registry and every collector. Build it with New.
 type Metrics struct {
@@ -85,6 +107,30 @@ func New(version string, buffers func() []BufferLevel) *Metrics {
 	m.rewrites = counter("rewrites_total", "Statements rewritten, by kind.", "kind")
 	m.errorsByState = counter("errors_total", "Errors the proxy answered itself, by SQLSTATE.", "sqlstate")
 
+	for _, e := range Engines {
+		for _, r := range ErrorReasons {
+			m.idErrors.touch(e, r)
+		}
+	}
+	for _, r := range []string{"ok", "error"} {
+		m.tagRefreshes.touch(r)
+	}
+	for _, o := range []string{"waited", "refused"} {
+		m.clockBackwards.touch(o)
+	}
+	for _, e := range WorkerEvents {
+		m.workerEvents.touch(e)
+	}
+	for _, c := range StartupSQLStates {
+		m.rejects.touch(c)
+	}
+	for _, k := range RewriteKinds {
+		m.rewrites.touch(k)
+	}
+	for _, c := range StatementSQLStates {
+		m.errorsByState.touch(c)
+	}
+
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "build_info",
 		Help: "Always 1; labels name the version and Go release."}, []string{"version", "goversion"})
 	build.WithLabelValues(version, runtime.Version()).Set(1)
@@ -113,9 +159,12 @@ type labeled struct {
 	children sync.Map // string → prometheus.Counter
 }
 
-func (l *labeled) inc(values ...string) { l.add(1, values...) }
+func (l *labeled) inc(values ...string) { l.child(values...).Add(1) }
 
-func (l *labeled) add(n float64, values ...string) {
+// touch creates the series of values at zero.
+func (l *labeled) touch(values ...string) { l.child(values...) }
+
+func (l *labeled) child(values ...string) prometheus.Counter {
 	key := values[0]
 	if len(values) > 1 {
 		key = values[0] + "\x00" + values[1]
@@ -124,7 +173,21 @@ func (l *labeled) add(n float64, values ...string) {
 	if !ok {
 		c, _ = l.children.LoadOrStore(key, l.vec.WithLabelValues(values...))
 	}
-	c.(prometheus.Counter).Add(n)
+	return c.(prometheus.Counter)
+}
+
+// totals returns the value of every series by its first label value (one-label vectors)
+// or "first\x00second".
+func (l *labeled) totals() map[string]uint64 {
+	out := map[string]uint64{}
+	l.children.Range(func(k, v any) bool {
+		var m dto.Metric
+		if v.(prometheus.Counter).Write(&m) == nil {
+			out[k.(string)] = uint64(m.GetCounter().GetValue())
+		}
+		return true
+	})
+	return out
 }
 
 // --- segment engine hooks (segment.Hooks) ---
@@ -220,6 +283,46 @@ func (m *Metrics) Rewrite(kind string) { m.rewrites.inc(kind) }
 
 // Error counts an error the proxy answered itself, by SQLSTATE.
 func (m *Metrics) Error(sqlstate string) { m.errorsByState.inc(sqlstate) }
+
+// ErrorTotals returns the errors the proxy answered statements with, by SQLSTATE.
+func (m *Metrics) ErrorTotals() map[string]uint64 { return m.errorsByState.totals() }
+
+// RejectTotals returns the clients the proxy refused itself, by SQLSTATE.
+func (m *Metrics) RejectTotals() map[string]uint64 { return m.rejects.totals() }
+
+// Clients returns the client connections open now and accepted so far.
+func (m *Metrics) Clients() (open, total int64) {
+	var g, c dto.Metric
+	_ = m.clientConns.Write(&g)
+	_ = m.clientConnsTotal.Write(&c)
+	return int64(g.GetGauge().GetValue()), int64(c.GetCounter().GetValue())
+}
+
+// SegmentLoadTotals returns the segment loads so far: successful and failed.
+func (m *Metrics) SegmentLoadTotals() (ok, failed uint64) {
+	for k, n := range m.segmentLoads.totals() {
+		if strings.HasSuffix(k, "\x00error") {
+			failed += n
+		} else {
+			ok += n
+		}
+	}
+	return ok, failed
+}
+
+// KnownTags creates the per-tag series of the tags the engines serve at zero: IDs issued
+// per engine and tag, segment loads by result, segment requests that found no ID.
+func (m *Metrics) KnownTags(segmentTags, snowflakeTags []string) {
+	for _, tag := range segmentTags {
+		m.issued.counter("segment", tag)
+		m.segmentLoads.touch(tag, "ok")
+		m.segmentLoads.touch(tag, "error")
+		m.segmentUnavail.touch(tag)
+	}
+	for _, tag := range snowflakeTags {
+		m.issued.counter("snowflake", tag)
+	}
+}
 
 // --- IDs ---
 

@@ -33,6 +33,11 @@ func (a *app) newRunway() *metrics.Runway {
 		KeyTypes:       kinds,
 		DefaultKeyType: def,
 	}
+	if probe := a.storeProbe; probe != nil {
+		// The store probe checks every few seconds and is what /readyz and the status page
+		// say; leafproxy_store_up agrees with them.
+		s.StoreState = func() (bool, bool) { st := probe.State(); return st.Checked, st.OK }
+	}
 	if a.snowflake != nil {
 		codec := a.snowflake.Codec()
 		s.SnowflakeEnd = time.UnixMilli(codec.EpochMillis() + codec.Layout().MaxElapsed() + 1)

@@ -88,6 +88,10 @@ type RunwaySettings struct {
 	// is bigint when empty.
 	KeyTypes       map[string]KeyType
 	DefaultKeyType KeyType
+	// StoreState, when set, tells whether the store answers (checked: a check has
+	// finished), for leafproxy_store_up; a health probe that checks more often than the
+	// runway reads supplies it. Nil: the runway's own readings tell.
+	StoreState func() (checked, ok bool)
 	// SnowflakeEnd is the first instant the snowflake time bits cannot hold (epoch +
 	// 2^timeBits ms). Zero leaves the snowflake figures out.
 	SnowflakeEnd time.Time
@@ -238,13 +242,15 @@ type WorkerRunway struct {
 
 // RunwaySnapshot is everything Runway knows, for the status page.
 type RunwaySnapshot struct {
-	Read      bool      // a reading of the store has finished
-	ReadAt    time.Time // when the last one finished
-	StoreUp   bool      // the last reading succeeded
-	LastError string    // why the last reading failed
-	Tags      []TagRunway
-	Snowflake *SnowflakeRunway // nil when not configured
-	Workers   *WorkerRunway    // nil when the source is not the lease table, or before a reading
+	Read   bool      // a reading of the store has finished
+	ReadAt time.Time // when the last one finished
+	// StoreChecked: the store's state is known; StoreUp: it answered at the last check
+	// (the health probe's, or this reader's when there is no probe).
+	StoreChecked, StoreUp bool
+	LastError             string // why the last reading failed
+	Tags                  []TagRunway
+	Snowflake             *SnowflakeRunway // nil when not configured
+	Workers               *WorkerRunway    // nil when the source is not the lease table, or before a reading
 }
 
 // Snapshot returns the figures of the last reading, sorted by tag; the snowflake figure is
@@ -254,6 +260,11 @@ func (r *Runway) Snapshot() RunwaySnapshot {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	snap := RunwaySnapshot{Read: r.read, ReadAt: r.at, StoreUp: r.storeOK, LastError: r.lastErr}
+	if r.s.StoreState != nil {
+		snap.StoreChecked, snap.StoreUp = r.s.StoreState()
+	} else {
+		snap.StoreChecked = r.read
+	}
 	for tag, samples := range r.tags {
 		snap.Tags = append(snap.Tags, r.tagRunway(tag, samples))
 	}
@@ -310,7 +321,7 @@ var (
 	runwayCapacityDesc = prometheus.NewDesc(namespace+"_worker_ids_capacity",
 		"Rows of leaf_worker_lease, one per worker ID (NaN before the first reading).", nil, nil)
 	runwayStoreUpDesc = prometheus.NewDesc(namespace+"_store_up",
-		"1 when the last background reading of the store succeeded, 0 when it failed, NaN before the first.", nil, nil)
+		"1 when the store answered its last check, 0 when it did not, NaN before the first.", nil, nil)
 )
 
 type runwayCollector struct{ r *Runway }
@@ -328,7 +339,7 @@ func (c *runwayCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	up := math.NaN()
-	if snap.Read {
+	if snap.StoreChecked {
 		up = 0
 		if snap.StoreUp {
 			up = 1

@@ -322,3 +322,30 @@ func TestAlertRulesNameRealMetrics(t *testing.T) {
 		}
 	}
 }
+
+// TestRunwayStoreStateFromProbe: with a health probe, store_up follows the probe, not the
+// slower runway readings.
+func TestRunwayStoreStateFromProbe(t *testing.T) {
+	st := &fakeStore{now: time.Unix(0, 0), tags: map[string]int64{}}
+	var mu sync.Mutex
+	checked, ok := false, false
+	m := New("v", nil)
+	r := m.NewRunway(RunwaySettings{ReadTags: st.readTags, Now: st.Now,
+		StoreState: func() (bool, bool) { mu.Lock(); defer mu.Unlock(); return checked, ok }})
+	r.ReadNow(context.Background()) // the reading succeeds, but the probe has not checked
+	if text := gatherText(t, m); !strings.Contains(text, "leafproxy_store_up NaN") {
+		t.Errorf("store_up before the probe's first check is not NaN:\n%s", text)
+	}
+	mu.Lock()
+	checked = true
+	mu.Unlock()
+	if text := gatherText(t, m); !strings.Contains(text, "leafproxy_store_up 0\n") {
+		t.Errorf("store_up with the probe failing is not 0:\n%s", text)
+	}
+	mu.Lock()
+	ok = true
+	mu.Unlock()
+	if snap := r.Snapshot(); !snap.StoreChecked || !snap.StoreUp {
+		t.Errorf("snapshot with the probe succeeding: %+v", snap)
+	}
+}

@@ -264,7 +264,8 @@ func TestAlertWorkerIDNotHeld(t *testing.T) {
 	if err := pg.Stop(ctx); err != nil {
 		t.Fatalf("stop PostgreSQL: %v", err)
 	}
-	// The default lease lasts 30 s; the alert holds for a minute before it fires.
+	// The proxy fences itself a tenth of the lease before it expires (27 s for the default
+	// 30 s lease); the alert holds for a minute before it fires.
 	var heldLostAt time.Time
 	prom.waitFor("LeafproxyWorkerIDNotHeld and LeafproxyStoreUnreachable to fire", 5*time.Minute, func() (bool, string) {
 		if heldLostAt.IsZero() {

@@ -52,6 +52,7 @@ type result struct {
 	MaxParam     int        `json:"max_param,omitempty"`
 	Unreferenced []int      `json:"unreferenced_params,omitempty"`
 	FastPath     string     `json:"fast_path,omitempty"`
+	Batch        string     `json:"batch,omitempty"`
 	Prepare      string     `json:"prepare,omitempty"`
 	Execute      string     `json:"execute,omitempty"`
 	Deallocate   string     `json:"deallocate,omitempty"`
@@ -96,6 +97,12 @@ func describe(t testing.TB, sql string, p *Plan, err error) *result {
 		r.Params = string(p.AppendExecuteParams(nil, p.MaxParam+1, executeIDs))
 	} else {
 		r.Params = string(p.AppendParams(nil, p.MaxParam+1))
+	}
+	if b := p.Batch; b != nil {
+		// The statement the server runs when the proxy cannot answer: three IDs here.
+		r.Literal = string(b.AppendLiteral(nil, []int64{1001, 1002, 1003}))
+		r.Params = string(b.AppendParam(nil, p.MaxParam+1))
+		r.Batch = fmt.Sprintf("column=%s tag=%q tag_param=%d count=%d count_param=%d", b.Column, b.Tag, b.TagParam, b.Count, b.CountParam)
 	}
 	if f := p.FastPath; f != nil {
 		r.FastPath = fmt.Sprintf("column=%s slot=%s", f.Column, f.Slot)

@@ -127,6 +127,9 @@ type Plan struct {
 	// FastPath is non-nil iff the whole string is one bare SELECT leaf_next('tag')
 	// or SELECT leaf_snowflake().
 	FastPath *FastPath
+	// Batch is non-nil iff the whole string is one SELECT leaf_next('tag', n); the plan
+	// has no slots then.
+	Batch *Batch
 	// Prepare, Execute and Deallocate are set when the string is that single
 	// statement (EXPLAIN EXECUTE and CREATE TABLE … AS EXECUTE count as EXECUTE).
 	Prepare    *Prepare

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -236,6 +237,10 @@ func TestShapeKeepsTags(t *testing.T) {
 			"INSERT INTO t (id, x) VALUES (leaf_next('b'), 'z')", func(p *Plan) string { return p.Slots[0].Tag }},
 		{"tag spelled with escapes", "SELECT leaf_next(E'a'), 1", "SELECT leaf_next(E'a'), 2", "SELECT leaf_next(E'\\x62'), 3",
 			func(p *Plan) string { return p.Slots[0].Tag }},
+		{"batch count", "SELECT leaf_next('x', 5)", "", "SELECT leaf_next('x', 6)",
+			func(p *Plan) string { return "count " + strconv.FormatInt(p.Batch.Count, 10) }},
+		{"batch tag", "SELECT leaf_next('a', 5)", "", "SELECT leaf_next('b', 5)",
+			func(p *Plan) string { return p.Batch.Tag }},
 		{"execute", "EXECUTE p('a', 1)", "EXECUTE p('a', 2)", "EXECUTE p('b', 3)",
 			func(p *Plan) string { tag, _ := p.Execute.Tag(1); return tag }},
 	} {

@@ -212,6 +212,7 @@ func (a *app) run(ctx context.Context) (err error) {
 			Handler: httpapi.New(httpapi.Options{
 				Segment:   segGen,
 				Snowflake: snowGen,
+				MaxBatch:  cfg.MaxBatch,
 				Decode:    func(id int64) httpapi.Decoded { return decoded(a.snowflake.Codec(), id) },
 				Cache:     a.segment.Snapshot,
 				Status:    a.status,
@@ -344,6 +345,7 @@ func (a *app) newProxy() (*proxy.Server, error) {
 		UpstreamSSLMode: mode,
 		MaxClientConns:  cfg.MaxClientConns,
 		MaxMessageSize:  cfg.MaxMessageSize,
+		MaxBatch:        cfg.MaxBatch,
 		EventLoops:      max(cfg.EventLoops, 0),
 		GoroutineRelay:  cfg.EventLoops < 0,
 		Logger:          a.log,

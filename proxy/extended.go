@@ -75,6 +75,16 @@ func (c *conn) handleParse(body []byte, mat *localStatement) error {
 	}
 	clientOIDs := len(oids) / 4
 	params := max(clientOIDs, plan.MaxParam)
+	if plan.Decode != nil && plan.Decode.Param > 0 {
+		// Remembered so that Bind can check the ID (see bindDecode).
+		out := append(s.outBuf[:0], name...)
+		out = append(out, 0)
+		out = plan.AppendParams(out, params+1)
+		out = append(out, 0)
+		out = append(out, rest...)
+		s.outBuf = keepSmall(out)
+		return c.sendParse(name, &statement{decode: plan.Decode}, plan, mat, out)
+	}
 	if len(slots) == 0 {
 		// Nothing to fill per execution, but the text may still change (a PREPARE
 		// declares the hidden parameters of the statement it creates).
@@ -252,6 +262,9 @@ func (c *conn) handleBind(body []byte) error {
 	}
 	if st.batch != nil {
 		return c.bindBatch(st, stmtName, body)
+	}
+	if st.decode != nil {
+		return c.bindDecode(st.decode, body)
 	}
 	m, _, ok := parseBind(body)
 	if !ok || (len(m.formats) > 1 && len(m.formats) != len(m.params)) {

@@ -23,6 +23,8 @@ type statement struct {
 	batch  *rewrite.Batch
 	params []uint32
 	local  bool
+	// decode is set when the statement is SELECT leaf_decode($n): Bind checks the ID.
+	decode *rewrite.Decode
 }
 
 // hidden is the number of parameters the proxy added to the statement.

@@ -191,6 +191,10 @@ func (p *planner) prepareStmt(s *pg_query.PrepareStmt, start, end int) {
 		p.fail(sub.err)
 		return
 	}
+	if sub.decode != nil {
+		p.fail(p.errAt(CodeNotSupported, sub.decodeLoc, hintDecode, "leaf_decode() is not supported in PREPARE"))
+		return
+	}
 	if sub.batch != nil {
 		p.fail(p.errAt(CodeNotSupported, sub.batchLoc, "Prepare SELECT leaf_next($1, $2) with the extended query protocol (a driver's prepared statement) instead.",
 			"leaf_next(tag, n) returns a set of rows and is not supported in PREPARE"))

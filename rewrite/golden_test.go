@@ -53,6 +53,7 @@ type result struct {
 	Unreferenced []int      `json:"unreferenced_params,omitempty"`
 	FastPath     string     `json:"fast_path,omitempty"`
 	Batch        string     `json:"batch,omitempty"`
+	Decode       string     `json:"decode,omitempty"`
 	Prepare      string     `json:"prepare,omitempty"`
 	Execute      string     `json:"execute,omitempty"`
 	Deallocate   string     `json:"deallocate,omitempty"`
@@ -103,6 +104,9 @@ func describe(t testing.TB, sql string, p *Plan, err error) *result {
 		r.Literal = string(b.AppendLiteral(nil, []int64{1001, 1002, 1003}))
 		r.Params = string(b.AppendParam(nil, p.MaxParam+1))
 		r.Batch = fmt.Sprintf("column=%s tag=%q tag_param=%d count=%d count_param=%d", b.Column, b.Tag, b.TagParam, b.Count, b.CountParam)
+	}
+	if d := p.Decode; d != nil {
+		r.Decode = fmt.Sprintf("param=%d", d.Param)
 	}
 	if f := p.FastPath; f != nil {
 		r.FastPath = fmt.Sprintf("column=%s slot=%s", f.Column, f.Slot)

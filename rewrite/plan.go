@@ -130,6 +130,9 @@ type Plan struct {
 	// Batch is non-nil iff the whole string is one SELECT leaf_next('tag', n); the plan
 	// has no slots then.
 	Batch *Batch
+	// Decode is non-nil iff the whole string is one SELECT leaf_decode(id); the
+	// rewritten text computes the columns.
+	Decode *Decode
 	// Prepare, Execute and Deallocate are set when the string is that single
 	// statement (EXPLAIN EXECUTE and CREATE TABLE … AS EXECUTE count as EXECUTE).
 	Prepare    *Prepare

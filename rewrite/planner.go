@@ -38,6 +38,9 @@ type planner struct {
 	batch       *Batch // a leaf_next(tag, n) call; the plan is a Batch if it is the whole statement
 	batchLoc    int
 	countParams map[int]bool // n used as the count of leaf_next(tag, n)
+
+	decode    *Decode // a leaf_decode(id) call; refused unless it is the whole statement
+	decodeLoc int
 }
 
 // slotEdit is an edit before slots are numbered: hasSlot marks the edits
@@ -110,6 +113,9 @@ func (p *planner) plan(tree *pg_query.ParseResult) (*Plan, error) {
 			p.fail(p.errAt(CodeNotSupported, p.batchLoc, hintBatch, "leaf_next(tag, n) returns a set of rows and is supported only as a query of its own"))
 		}
 	}
+	if p.err == nil && p.decode != nil && (multi || len(p.edits) != 1 || !p.standaloneDecode(tree.Stmts[0].Stmt)) {
+		p.fail(p.errAt(CodeNotSupported, p.decodeLoc, hintDecode, "leaf_decode() is supported only as a query of its own, SELECT leaf_decode(id)"))
+	}
 	if p.err != nil {
 		return nil, p.err
 	}
@@ -153,6 +159,7 @@ func (p *planner) plan(tree *pg_query.ParseResult) (*Plan, error) {
 			}
 		}
 		out.FastPath = fastPath(tree.Stmts[0].Stmt, out.Slots)
+		out.Decode = p.decode
 		out.CopyFill = p.copyFill
 	}
 	return out, nil
@@ -399,6 +406,10 @@ func (p *planner) once(n *pg_query.Node) {
 				p.leafCall(x)
 				return false
 			}
+			if isDecode(x) {
+				p.decodeCall(x)
+				return false
+			}
 		case *pg_query.SubLink:
 			if x.Testexpr != nil {
 				p.once(x.Testexpr)
@@ -422,6 +433,10 @@ func (p *planner) refuse(m proto.Message, where string, skip ...string) {
 	visit := func(c proto.Message) bool {
 		switch x := c.(type) {
 		case *pg_query.FuncCall:
+			if isDecode(x) {
+				p.fail(p.errAt(CodeNotSupported, int(x.Location), hintDecode, "leaf_decode() is not supported in %s", where))
+				return false
+			}
 			if name := leafFunc(x); name != "" {
 				if name == "leaf_next" && len(x.Args) == 2 {
 					p.fail(p.errAt(CodeNotSupported, int(x.Location), hintBatch, "leaf_next(tag, n) returns a set of rows and is not supported in %s", where))

@@ -79,3 +79,35 @@ func TestBatchWiring(t *testing.T) {
 		t.Errorf(`segment IDs of tag audit = %v, want 253`, v)
 	}
 }
+
+// TestDecodeWiring: SELECT leaf_decode(id) splits IDs by the configured epoch, as the
+// engine stamps them and as /decodeSnowflakeId reads them.
+func TestDecodeWiring(t *testing.T) {
+	t.Parallel()
+	dsn := newStore(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	s := startServe(t, nil, serveArgs(t, dsn, 21, "--snowflake-epoch", "1600000000000")...)
+	waitReady(s)
+	conn, err := pgx.Connect(ctx, proxyURL(t, dsn, s.listen))
+	if err != nil {
+		t.Fatalf("connect through the proxy: %v", err)
+	}
+	defer conn.Close(ctx)
+	var id int64
+	if err := conn.QueryRow(ctx, "SELECT leaf_next('order')").Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	var ts time.Time
+	var worker, seq int64
+	if err := conn.QueryRow(ctx, "SELECT leaf_decode($1)", id).Scan(&ts, &worker, &seq); err != nil {
+		t.Fatal(err)
+	}
+	if worker != 21 || time.Since(ts) > time.Minute || time.Until(ts) > time.Second {
+		t.Fatalf("leaf_decode(%d) = %v, worker %d, sequence %d", id, ts, worker, seq)
+	}
+	_, body := s.get("/decodeSnowflakeId?snowflakeId="+strconv.FormatInt(id, 10), "")
+	if !strings.Contains(body, `"timestamp": `+strconv.FormatInt(ts.UnixMilli(), 10)) || !strings.Contains(body, `"sequence": `+strconv.FormatInt(seq, 10)) {
+		t.Fatalf("/decodeSnowflakeId disagrees with leaf_decode (%v, %d): %s", ts, seq, body)
+	}
+}

@@ -334,7 +334,10 @@ func (a *app) newProxy() (*proxy.Server, error) {
 	for i, r := range cfg.FillRules {
 		rules[i] = rewrite.FillRule{Schema: r.Schema, Table: r.Table, Column: r.Column, Tag: r.Tag}
 	}
-	rw, err := rewrite.New(rewrite.Settings{Fill: rules})
+	codec := a.snowflake.Codec()
+	rw, err := rewrite.New(rewrite.Settings{Fill: rules, Snowflake: rewrite.SnowflakeLayout{
+		EpochMillis: codec.EpochMillis(), WorkerBits: codec.Layout().WorkerBits, SequenceBits: codec.Layout().SequenceBits,
+	}})
 	if err != nil {
 		return nil, fmt.Errorf("fill: %w", err)
 	}

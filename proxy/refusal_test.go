@@ -389,9 +389,9 @@ func TestRefusalPsqlCopy(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, err := runTool(t, "psql", "-X", "-v", "VERBOSITY=verbose", "-d", url,
-		"-c", `\copy orders (item) from '`+items+`' with (format csv)`)
+		"-c", `COPY orders (item) FROM '`+items+`' WITH (format csv)`)
 	if err == nil || !strings.Contains(out, "ERROR:  0A000:") {
-		t.Fatalf("\\copy without the key: %v\n%s", err, out)
+		t.Fatalf("server-side COPY without the key: %v\n%s", err, out)
 	}
 	out, err = runTool(t, "psql", "-X", "-v", "ON_ERROR_STOP=1", "-d", url,
 		"-c", `\copy orders (id, item) from '`+keyed+`' with (format csv)`)

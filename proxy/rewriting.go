@@ -116,6 +116,9 @@ func (c *conn) onQuery(n int) error {
 			return err
 		}
 	}
+	if x := plan.CopyFill; x != nil && x.Format.Kind != "binary" && c.unsafeEncoding.Load() {
+		return c.refuseQuery(errUnsafeEncoding(), sql, planRefused)
+	}
 	out, drawn, err := c.literal(plan, s.outBuf[:0])
 	if err != nil {
 		return c.refuseQuery(err, sql, drawn)

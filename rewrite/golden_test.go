@@ -59,6 +59,7 @@ type result struct {
 	Deallocate   string     `json:"deallocate,omitempty"`
 	SessionRefs  []string   `json:"session_refs,omitempty"`
 	CopyFill     []string   `json:"copy_fill,omitempty"`
+	CopyFormat   string     `json:"copy_format,omitempty"`
 	Error        *goldenErr `json:"error,omitempty"`
 }
 
@@ -131,9 +132,11 @@ func describe(t testing.TB, sql string, p *Plan, err error) *result {
 		r.SessionRefs = append(r.SessionRefs, fmt.Sprintf("name=%s all=%v", s.Name, s.All))
 	}
 	if x := p.CopyFill; x != nil {
-		for _, s := range x.Keys {
-			r.CopyFill = append(r.CopyFill, s.String())
+		for i, s := range x.Keys {
+			r.CopyFill = append(r.CopyFill, x.Columns[i]+"="+s.String())
 		}
+		f := x.Format
+		r.CopyFormat = fmt.Sprintf("%s delimiter=%q quote=%q escape=%q header=%q", f.Kind, f.Delimiter, f.Quote, f.Escape, f.Header)
 	}
 	return r
 }

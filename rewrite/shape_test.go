@@ -498,18 +498,34 @@ func TestShapeServedTextsStayOutOfTextCache(t *testing.T) {
 	}
 }
 
-// TestShapeKeysCopyFormat plans a binary COPY, then the same text with the format as
-// another string constant: the shape cache must not serve the binary plan, whose keys
-// the proxy would write into a CSV stream.
+// TestShapeKeysCopyFormat plans a binary COPY, then the same text with the format or a
+// delimiter as another string constant: the shape cache must not serve the first plan,
+// whose keys the proxy would write into the other stream in the wrong format.
 func TestShapeKeysCopyFormat(t *testing.T) {
 	rw, err := New(goldenSettings)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p, err := rw.Plan("COPY orders (item) FROM STDIN (FORMAT 'binary')"); err != nil || p == nil || p.CopyFill == nil {
-		t.Fatalf("binary COPY: %v, %v", p, err)
-	}
-	if p, err := rw.Plan("COPY orders (item) FROM STDIN (FORMAT 'csv')"); err == nil {
-		t.Fatalf("CSV COPY planned as %+v, want a refusal", p)
+	for _, c := range []struct {
+		sql  string
+		want string
+	}{
+		{"COPY orders (item) FROM STDIN (FORMAT 'binary')", "binary ','"},
+		{"COPY orders (item) FROM STDIN (FORMAT 'csv')", "csv ','"},
+		{"COPY orders (item) FROM STDIN (FORMAT 'csv', DELIMITER ';')", "csv ';'"},
+		{"COPY orders (item) FROM STDIN (FORMAT 'csv', DELIMITER '|')", "csv '|'"},
+		{"COPY orders (item) FROM STDIN (FORMAT 'csv', ENCODING 'SJIS')", "refused"},
+	} {
+		p, err := rw.Plan(c.sql)
+		got := "refused"
+		if err == nil && p != nil && p.CopyFill != nil {
+			got = fmt.Sprintf("%s %q", p.CopyFill.Format.Kind, p.CopyFill.Format.Delimiter)
+			if p.CopyFill.Format.Kind == "binary" {
+				got = "binary ','"
+			}
+		}
+		if got != c.want {
+			t.Errorf("Plan(%q): %s, %v; want %s", c.sql, got, err, c.want)
+		}
 	}
 }

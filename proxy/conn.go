@@ -49,6 +49,11 @@ type conn struct {
 	// reported it in a ParameterStatus) is one whose multibyte characters may hold ASCII
 	// bytes: the proxy then cannot find the rows of text or CSV COPY data.
 	unsafeEncoding atomic.Bool
+	// timeFormat is how the session prints a timestamptz (DateStyle and TimeZone as the
+	// server last reported them), for the proxy's own leaf_decode answers; timeParams is
+	// its source, touched only by whoever reads the upstream.
+	timeFormat atomic.Pointer[timeFormat]
+	timeParams timeFormat
 
 	sess sessionState // statement map and request cycles; used only when rewriting
 

@@ -3,20 +3,38 @@ package proxy
 import (
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/leafproxy/leafproxy/rewrite"
 )
 
-// noteParameterStatus follows the session's client_encoding from a ParameterStatus body.
+// noteParameterStatus follows the session's client_encoding, DateStyle and TimeZone from
+// a ParameterStatus body.
 func (c *conn) noteParameterStatus(body []byte) {
 	name, rest, ok := cString(body)
-	if !ok || name != "client_encoding" {
+	if !ok {
 		return
 	}
 	value, _, ok := cString(rest)
-	if ok {
-		c.unsafeEncoding.Store(rewrite.UnsafeCopyEncoding(value))
+	if !ok {
+		return
 	}
+	switch name {
+	case "client_encoding":
+		c.unsafeEncoding.Store(rewrite.UnsafeCopyEncoding(value))
+	case "DateStyle":
+		c.timeParams.iso = strings.HasPrefix(value, "ISO")
+	case "TimeZone":
+		loc, err := time.LoadLocation(value)
+		if err != nil {
+			loc = nil // a zone Go does not know: the server prints the timestamps
+		}
+		c.timeParams.loc = loc
+	default:
+		return
+	}
+	tf := c.timeParams
+	c.timeFormat.Store(&tf)
 }
 
 // errUnsafeEncoding refuses a text or CSV COPY that the proxy would fill in an encoding

@@ -1,13 +1,18 @@
 package proxy
 
 import (
+	"bytes"
+	"encoding/binary"
+	"encoding/hex"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/leafproxy/leafproxy/internal/testenv"
 	"github.com/leafproxy/leafproxy/rewrite"
@@ -97,5 +102,95 @@ func TestDecodePsql(t *testing.T) {
 	}
 	if got := strings.TrimSpace(strings.TrimPrefix(string(out), "SET\n")); got != "2023-11-14 22:13:20.123+00|5|7" {
 		t.Fatalf("psql printed %q", out)
+	}
+}
+
+// summarizeValues is summarize with the values of a DataRow (hex in binary).
+func summarizeValues(msg pgproto3.BackendMessage) string {
+	if m, ok := msg.(*pgproto3.DataRow); ok {
+		var vs []string
+		for _, v := range m.Values {
+			if utf8.Valid(v) && !bytes.ContainsAny(v, "\x00") {
+				vs = append(vs, string(v))
+			} else {
+				vs = append(vs, hex.EncodeToString(v))
+			}
+		}
+		return "data(" + strings.Join(vs, ",") + ")"
+	}
+	return summarize(msg)
+}
+
+// TestDecodeLikeServer decodes IDs at rest, where the proxy answers itself, and where
+// PostgreSQL answers the rewritten statement (inside a transaction block for the extended
+// protocol, behind a query in flight for a simple one), in several time zones and date
+// styles and in both formats: the messages must be the same, byte for byte.
+func TestDecodeLikeServer(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	rw, err := rewrite.New(rewrite.Settings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, db, func(s *Server) { s.Rewriter, s.IDs = rw, &stubIDs{} })
+	id := int64(1724551110974709248) // 2023-11-14 22:13:20.123 UTC, worker 625, sequence 3584
+	lit := &pgproto3.Parse{Query: "SELECT leaf_decode(" + itoa(int(id)) + ")"}
+	param := &pgproto3.Parse{Query: "SELECT leaf_decode($1)"}
+	int8Param := binary.BigEndian.AppendUint64(nil, uint64(id))
+	sync := &pgproto3.Sync{}
+	cycles := map[string][]pgproto3.FrontendMessage{
+		"literal":       {lit, &pgproto3.Describe{ObjectType: 'S'}, &pgproto3.Bind{}, &pgproto3.Describe{ObjectType: 'P'}, &pgproto3.Execute{}, sync},
+		"binary result": {lit, &pgproto3.Bind{ResultFormatCodes: []int16{1}}, &pgproto3.Describe{ObjectType: 'P'}, &pgproto3.Execute{}, sync},
+		"text parameter": {param, &pgproto3.Describe{ObjectType: 'S'},
+			&pgproto3.Bind{Parameters: [][]byte{[]byte(itoa(int(id)))}}, &pgproto3.Execute{MaxRows: 1}, &pgproto3.Execute{}, sync},
+		"binary int8 parameter": {&pgproto3.Parse{Query: "SELECT leaf_decode($1)", ParameterOIDs: []uint32{oidInt8}},
+			&pgproto3.Bind{ParameterFormatCodes: []int16{1}, Parameters: [][]byte{int8Param}}, &pgproto3.Execute{}, sync},
+		"parameter the server must read": {param, &pgproto3.Bind{Parameters: [][]byte{[]byte(" 42 ")}}, &pgproto3.Execute{}, sync},
+		"negative parameter":             {param, &pgproto3.Bind{Parameters: [][]byte{[]byte("-1")}}, &pgproto3.Execute{}, sync},
+		"per-column result formats":      {lit, &pgproto3.Bind{ResultFormatCodes: []int16{0, 1, 0}}, &pgproto3.Execute{}, sync},
+	}
+	for _, setting := range []string{"TimeZone = 'UTC'", "TimeZone = 'Asia/Kolkata'", "TimeZone = 'America/New_York'",
+		"TimeZone = 'Europe/Paris'", "DateStyle = 'ISO, DMY'", "DateStyle = 'SQL, DMY'", "TimeZone = 'Asia/Kathmandu'"} {
+		for name, msgs := range cycles {
+			t.Run(setting+"/"+name, func(t *testing.T) {
+				fe := rawConn(t, p.url(db))
+				exchange(t, fe, &pgproto3.Query{String: "SET " + setting})
+				local := exchangeWith(t, fe, summarizeValues, msgs...)
+				simpleLocal := exchangeWith(t, fe, summarizeValues, &pgproto3.Query{String: lit.Query})
+				exchange(t, fe, &pgproto3.Query{String: "BEGIN"})
+				upstream := exchangeWith(t, fe, summarizeValues, msgs...)
+				exchange(t, fe, &pgproto3.Query{String: "ROLLBACK"})
+				simpleUpstream := exchangeWith(t, fe, summarizeValues, &pgproto3.Query{String: "SELECT pg_sleep(0)"}, &pgproto3.Query{String: lit.Query})[4:]
+				if strings.Join(local, " ") != strings.Join(upstream, " ") {
+					t.Fatalf("at rest:\n%s\ninside a transaction (the server's answers):\n%s", strings.Join(local, " "), strings.Join(upstream, " "))
+				}
+				if strings.Join(simpleLocal, " ") != strings.Join(simpleUpstream, " ") {
+					t.Fatalf("simple query at rest:\n%s\nbehind another (the server's answers):\n%s", strings.Join(simpleLocal, " "), strings.Join(simpleUpstream, " "))
+				}
+			})
+		}
+	}
+}
+
+// TestDecodeIsLocal decodes against an upstream that answers a Sync or a Query with
+// nothing but ReadyForQuery: only the proxy can have sent the row. The binary timestamp is
+// microseconds since 2000-01-01 UTC.
+func TestDecodeIsLocal(t *testing.T) {
+	up := startFakeUpstream(t, false)
+	url := "postgres://postgres@" + up.addr() + "/postgres"
+	rw, err := rewrite.New(rewrite.Settings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, url, func(s *Server) { s.Rewriter, s.IDs = rw, &stubIDs{} })
+	fe := rawConn(t, p.url(url))
+	got := exchangeWith(t, fe, summarizeValues,
+		&pgproto3.Query{String: "SELECT leaf_decode(1724551110974709248)"},
+		&pgproto3.Parse{Query: "SELECT leaf_decode($1)"}, &pgproto3.Bind{Parameters: [][]byte{[]byte("1724551110974709248")}, ResultFormatCodes: []int16{1}},
+		&pgproto3.Execute{}, &pgproto3.Sync{},
+	)
+	want := "row(timestamp/0/0/1184/8/-1/0,worker/0/0/20/8/-1/0,sequence/0/0/20/8/-1/0) data(2023-11-14 22:13:20.123+00,625,3584) complete:SELECT 1 ready " +
+		"parse bind data(0002ad22dce84078,0000000000000271,0000000000000e00) complete:SELECT 1 ready"
+	if strings.Join(got, " ") != want {
+		t.Fatalf("responses\n%s\nwant\n%s", strings.Join(got, " "), want)
 	}
 }

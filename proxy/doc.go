@@ -22,8 +22,9 @@
 // and an unnamed statement parsed by the proxy is created at the server first).
 // SELECT leaf_next('tag', n) is answered the same way, n rows, and elsewhere becomes
 // SELECT unnest(<IDs>::int8[]) with the IDs a literal or one hidden int8[] parameter
-// (batch.go). SELECT leaf_decode(id) becomes SQL that splits the ID; Bind checks a
-// parameter ID (decode.go). A COPY … FROM STDIN into a filled table gets a key in every
+// (batch.go). SELECT leaf_decode(id) is answered alike when the proxy can print the
+// timestamp as the server would, and elsewhere becomes SQL that splits the ID; Bind
+// checks a parameter ID (decode.go). A COPY … FROM STDIN into a filled table gets a key in every
 // row of its data stream: binary tuples in copyfill.go, text and CSV rows, found by
 // PostgreSQL's own rules, in copytext.go.
 //

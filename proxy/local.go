@@ -38,11 +38,21 @@ type localStatement struct {
 	parse []byte // the client's Parse body, rewritten and sent to materialize it
 }
 
-// localQuery is what the proxy answers for a statement: one ID (fast) or a batch.
+// localQuery is what the proxy answers for a statement: one ID (fast), a batch, or the
+// decoding of an ID.
 type localQuery struct {
 	fast   *rewrite.FastPath
 	batch  *rewrite.Batch
-	params []uint32 // a batch's parameter types, as a ParameterDescription reports them
+	decode *rewrite.Decode
+	params []uint32 // parameter types, as a ParameterDescription reports them
+}
+
+// appendDescription appends the statement's RowDescription.
+func (q localQuery) appendDescription(b []byte, binaryFormat bool) []byte {
+	if q.decode != nil {
+		return appendDecodeDescription(b, binaryFormat)
+	}
+	return appendRowDescription(b, q.column(), binaryFormat)
 }
 
 func (q localQuery) column() string {
@@ -62,6 +72,7 @@ type localPortal struct {
 	// gone out.
 	ids  []int64
 	sent int
+	row  []byte // leaf_decode's DataRow, made at Bind
 }
 
 // localCycle is an extended-protocol cycle the proxy is answering itself.
@@ -246,6 +257,12 @@ func (c *conn) answerLocal(typ byte, body []byte) bool {
 				return false // the server refuses it
 			}
 			q = localQuery{batch: plan.Batch, params: types}
+		case plan.Decode != nil:
+			types, complete := decodeParamTypes(plan.Decode, plan.MaxParam, rest[2:])
+			if !complete {
+				return false // the server refuses it
+			}
+			q = localQuery{decode: plan.Decode, params: types}
 		case be16(rest) == 0 && fastStatement(plan, plan.MaxParam) != nil:
 			q = localQuery{fast: plan.FastPath}
 		default:
@@ -271,8 +288,28 @@ func (c *conn) answerLocal(typ byte, body []byte) bool {
 		if !ok || len(m.params) != len(q.params) {
 			return false // the server reports a wrong number of parameters
 		}
+		var row []byte
+		var argErr error
+		if q.decode != nil {
+			id, err, ok := decodeArg(q.decode, q.params, &m)
+			if !ok {
+				return false // the server judges the value
+			}
+			if argErr = err; err == nil {
+				if row, ok = c.decodeRow(nil, q.decode, id, binaryResult); !ok {
+					return false // the server prints the timestamp
+				}
+			}
+		}
 		lc := s.begin()
-		lc.store = localPortal{localQuery: q, binary: binaryResult, ids: lc.store.ids[:0]}
+		if argErr != nil {
+			r := errorResponse(argErr)
+			c.countError(r)
+			lc.out = append(lc.out, r.msg...)
+			lc.failed = true
+			break
+		}
+		lc.store = localPortal{localQuery: q, binary: binaryResult, ids: lc.store.ids[:0], row: row}
 		if q.batch != nil && !c.bindLocalBatch(lc, &lc.store, &m) {
 			break
 		}
@@ -294,13 +331,13 @@ func (c *conn) answerLocal(typ byte, body []byte) bool {
 			}
 			lc := s.begin()
 			lc.out = appendParameterDescription(lc.out, q.params)
-			lc.out = appendRowDescription(lc.out, q.column(), false)
+			lc.out = q.appendDescription(lc.out, false)
 		case 'P':
 			if name != "" || s.local == nil || s.local.portal == nil {
 				return false
 			}
 			lc := s.local
-			lc.out = appendRowDescription(lc.out, lc.portal.column(), lc.portal.binary)
+			lc.out = lc.portal.appendDescription(lc.out, lc.portal.binary)
 		default:
 			return false
 		}
@@ -312,6 +349,21 @@ func (c *conn) answerLocal(typ byte, body []byte) bool {
 		p := lc.portal
 		if p.batch != nil {
 			c.executeLocalBatch(lc, p, int32(binary.BigEndian.Uint32(body[1:])))
+			break
+		}
+		if p.decode != nil {
+			if p.ran {
+				lc.out = appendCommandComplete(lc.out, "SELECT 0")
+				break
+			}
+			p.ran = true
+			c.rewritten("fast_path")
+			lc.out = append(lc.out, p.row...)
+			if maxRows := int32(binary.BigEndian.Uint32(body[1:])); maxRows == 1 {
+				lc.out = append(lc.out, 's', 0, 0, 0, 4)
+			} else {
+				lc.out = appendCommandComplete(lc.out, "SELECT 1")
+			}
 			break
 		}
 		if p.ran {

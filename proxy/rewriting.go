@@ -111,6 +111,11 @@ func (c *conn) onQuery(n int) error {
 	if plan.Batch != nil {
 		return c.onBatchQuery(plan.Batch)
 	}
+	if d := plan.Decode; d != nil && d.Param == 0 {
+		if done, err := c.decodeQuery(d); done || err != nil {
+			return err
+		}
+	}
 	if plan.FastPath != nil {
 		if done, err := c.fastPath(plan.FastPath); done || err != nil {
 			return err

@@ -26,13 +26,26 @@ func (l SnowflakeLayout) orDefault() SnowflakeLayout {
 
 // Decode describes a query that is exactly SELECT leaf_decode(id): one row with the
 // columns timestamp (timestamptz), worker and sequence (bigint) of a snowflake ID. The
-// rewritten statement computes them in PostgreSQL from the ID (Plan.AppendLiteral and
-// AppendParams render it), so that the timestamp is printed in the session's DateStyle
-// and TimeZone like any other.
+// proxy may answer it itself (Split); the rewritten statement (Plan.AppendLiteral and
+// AppendParams render it) computes the same columns in PostgreSQL, where the timestamp is
+// printed in the session's DateStyle and TimeZone like any other.
 type Decode struct {
 	// Param is n when the ID is the client's parameter $n, which the proxy checks at Bind;
 	// 0 when it is a literal (checked when planned).
 	Param int
+	// ID is the literal ID when Param is 0.
+	ID int64
+	// EpochMillis, WorkerBits and SequenceBits are the layout the rewritten text uses, so
+	// that an answer of the proxy's own splits the ID alike.
+	EpochMillis              int64
+	WorkerBits, SequenceBits int
+}
+
+// Split returns the Unix milliseconds, worker and sequence of id by the plan's layout.
+func (d *Decode) Split(id int64) (millis, worker, sequence int64) {
+	sequence = id & (1<<d.SequenceBits - 1)
+	worker = (id >> d.SequenceBits) & (1<<d.WorkerBits - 1)
+	return (id >> (d.WorkerBits + d.SequenceBits)) + d.EpochMillis, worker, sequence
 }
 
 // hintDecode says where leaf_decode works.
@@ -80,6 +93,7 @@ func (p *planner) decodeCall(fc *pg_query.FuncCall) {
 			return
 		}
 		arg = strconv.FormatInt(id, 10)
+		d.ID = id
 	case *pg_query.ParamRef:
 		d.Param = int(x.Number)
 		arg = "$" + strconv.Itoa(d.Param)
@@ -88,6 +102,7 @@ func (p *planner) decodeCall(fc *pg_query.FuncCall) {
 		return
 	}
 	l := p.rw.layout
+	d.EpochMillis, d.WorkerBits, d.SequenceBits = l.EpochMillis, l.WorkerBits, l.SequenceBits
 	x := "(" + arg + ")::int8"
 	text := fmt.Sprintf("to_timestamp(0) + ((%s >> %d) + %d) * interval '1 millisecond' AS \"timestamp\", (%s >> %d) & %d AS worker, %s & %d AS sequence",
 		x, l.WorkerBits+l.SequenceBits, l.EpochMillis, x, l.SequenceBits, int64(1)<<l.WorkerBits-1, x, int64(1)<<l.SequenceBits-1)

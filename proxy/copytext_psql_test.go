@@ -224,3 +224,26 @@ func startCopyAfter(t *testing.T, fe *pgproto3.Frontend, ready int, sql string) 
 		}
 	}
 }
+
+// TestCopyFillHeaderMatch: with HEADER MATCH the server checks the header line against
+// the column list, which the proxy extended with the key: the proxy names the key column
+// in the header line too, quoted or escaped as the format wants.
+func TestCopyFillHeaderMatch(t *testing.T) {
+	db, p, direct := ordersProxy(t, "item text")
+	fe := rawConn(t, p.url(db))
+	for _, c := range []struct{ options, data string }{
+		{"FORMAT csv, HEADER match", "item\r\nbook\r\n"},
+		{"FORMAT text, HEADER match", "item\npen\n"},
+		{"FORMAT csv, HEADER match, DELIMITER ';', QUOTE '''', ESCAPE '\\'", "'item'\nlamp"},
+	} {
+		startCopy(t, fe, "COPY orders (item) FROM STDIN ("+c.options+")")
+		fe.Send(&pgproto3.CopyData{Data: []byte(c.data)})
+		fe.Send(&pgproto3.CopyDone{})
+		if got := untilReady(t, fe, 1); got != "complete:COPY 1 ready" {
+			t.Fatalf("%s: %s", c.options, got)
+		}
+	}
+	if got := items(t, direct); got != "book lamp pen" {
+		t.Fatalf("items %q", got)
+	}
+}

@@ -174,14 +174,14 @@ func decodeParamTypes(d *rewrite.Decode, maxParam int, oids []byte) (types []uin
 
 // decodeArg reads the ID of a local leaf_decode portal from its Bind, reporting false when
 // the server should judge the value (not an integer as it would read it).
-func decodeArg(d *rewrite.Decode, types []uint32, m *bindMessage) (id int64, err error, ok bool) {
+func decodeArg(d *rewrite.Decode, types []uint32, m *bindMessage) (id int64, ok bool, err error) {
 	if d.Param == 0 {
-		return d.ID, nil, true
+		return d.ID, true, nil
 	}
 	v := m.params[d.Param-1]
 	if v == nil {
-		return 0, &rewrite.Error{Code: rewrite.CodeInvalidParameter,
-			Message: fmt.Sprintf("the ID passed to leaf_decode() in parameter $%d is NULL", d.Param)}, true
+		return 0, true, &rewrite.Error{Code: rewrite.CodeInvalidParameter,
+			Message: fmt.Sprintf("the ID passed to leaf_decode() in parameter $%d is NULL", d.Param)}
 	}
 	switch t := types[d.Param-1]; {
 	case t == oidInt8 && m.format(d.Param-1) == 1 && len(v) == 8:
@@ -189,15 +189,15 @@ func decodeArg(d *rewrite.Decode, types []uint32, m *bindMessage) (id int64, err
 	case (t == oidInt8 || t == oidInt4) && m.format(d.Param-1) == 0:
 		n, perr := strconv.ParseInt(string(v), 10, 64)
 		if perr != nil || (t == oidInt4 && int64(int32(n)) != n) {
-			return 0, nil, false
+			return 0, false, nil
 		}
 		id = n
 	default:
-		return 0, nil, false
+		return 0, false, nil
 	}
 	if id < 0 {
-		return 0, &rewrite.Error{Code: rewrite.CodeInvalidParameter,
-			Message: fmt.Sprintf("%d is not a snowflake ID: IDs are not negative", id)}, true
+		return 0, true, &rewrite.Error{Code: rewrite.CodeInvalidParameter,
+			Message: fmt.Sprintf("%d is not a snowflake ID: IDs are not negative", id)}
 	}
-	return id, nil, true
+	return id, true, nil
 }

@@ -291,7 +291,7 @@ func (c *conn) answerLocal(typ byte, body []byte) bool {
 		var row []byte
 		var argErr error
 		if q.decode != nil {
-			id, err, ok := decodeArg(q.decode, q.params, &m)
+			id, ok, err := decodeArg(q.decode, q.params, &m)
 			if !ok {
 				return false // the server judges the value
 			}

@@ -82,8 +82,17 @@ func (c *conn) authenticate() error {
 			// Published last: from here on Shutdown may write to the client.
 			c.txStatus.Store(uint32(body[0]))
 			return nil
+		case 'S': // ParameterStatus
+			body, err := c.ur.readBody(n)
+			if err != nil {
+				return c.upstreamStartupFailed(err)
+			}
+			c.noteParameterStatus(body)
+			if err := c.writeClient(typ, body); err != nil {
+				return err
+			}
 		default:
-			// ParameterStatus, NoticeResponse, NegotiateProtocolVersion.
+			// NoticeResponse, NegotiateProtocolVersion.
 			if err := c.relayRaw(typ, n); err != nil {
 				return err
 			}

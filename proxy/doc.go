@@ -21,6 +21,13 @@
 // Query, and in the extended protocol as a whole cycle up to Sync outside a transaction
 // block (see local.go; a cycle that turns out to need the server is replayed upstream,
 // and an unnamed statement parsed by the proxy is created at the server first).
+// SELECT leaf_next('tag', n) is answered the same way, n rows, and elsewhere becomes
+// SELECT unnest(<IDs>::int8[]) with the IDs a literal or one hidden int8[] parameter
+// (batch.go). SELECT leaf_decode(id) is answered alike when the proxy can print the
+// timestamp as the server would, and elsewhere becomes SQL that splits the ID; Bind
+// checks a parameter ID (decode.go). A COPY … FROM STDIN into a filled table gets a key in every
+// row of its data stream: binary tuples in copyfill.go, text and CSV rows, found by
+// PostgreSQL's own rules, in copytext.go.
 //
 // A statement the proxy refuses (the rewriter cannot rewrite it safely, or its IDs cannot
 // be had) never reaches the database: a stand-in that fails before doing anything goes

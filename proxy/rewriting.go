@@ -93,8 +93,8 @@ func (c *conn) onQuery(n int) error {
 	// server's may be bound locally any more.
 	s.setUnnamed(nil)
 	s.mu.Lock()
-	if st := s.stmts[""]; st != nil && st.fast != nil {
-		s.stmts[""] = &statement{slots: st.slots}
+	if st := s.stmts[""]; st != nil && (st.fast != nil || st.local) {
+		s.stmts[""] = &statement{slots: st.slots, batch: st.batch}
 	}
 	s.mu.Unlock()
 	sql, rest, ok := cString(body)
@@ -108,10 +108,21 @@ func (c *conn) onQuery(n int) error {
 	if plan == nil {
 		return c.forwardQuery(body)
 	}
+	if plan.Batch != nil {
+		return c.onBatchQuery(plan.Batch)
+	}
+	if d := plan.Decode; d != nil && d.Param == 0 {
+		if done, err := c.decodeQuery(d); done || err != nil {
+			return err
+		}
+	}
 	if plan.FastPath != nil {
 		if done, err := c.fastPath(plan.FastPath); done || err != nil {
 			return err
 		}
+	}
+	if x := plan.CopyFill; x != nil && x.Format.Kind != "binary" && c.unsafeEncoding.Load() {
+		return c.refuseQuery(errUnsafeEncoding(), sql, planRefused)
 	}
 	out, drawn, err := c.literal(plan, s.outBuf[:0])
 	if err != nil {
@@ -340,7 +351,7 @@ func (c *conn) handleDescribe(body []byte) error {
 		hidden := 0
 		if name, _, ok := cString(body[1:]); ok {
 			if st := s.statementLocked(name); st != nil {
-				hidden = len(st.slots)
+				hidden = st.hidden()
 			}
 		}
 		cy.describes = append(cy.describes, hidden)

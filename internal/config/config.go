@@ -59,6 +59,9 @@ type Config struct {
 	SnowflakeEpoch int64         `yaml:"snowflake-epoch"`
 	MaxBackwards   time.Duration `yaml:"clock-max-backwards"`
 
+	// MaxBatch is the largest n of leaf_next('tag', n) and of the HTTP ?count=n.
+	MaxBatch int `yaml:"max-batch"`
+
 	Fill List `yaml:"fill"`
 	// FillRules is Fill parsed; Load sets it.
 	FillRules []FillRule `yaml:"-"`
@@ -87,6 +90,7 @@ func Defaults() Config {
 		SnowflakeEpoch:  DefaultSnowflakeEpoch,
 		MaxBackwards:    5 * time.Millisecond,
 		SegmentPreload:  0.9,
+		MaxBatch:        10_000,
 		ShutdownTimeout: 30 * time.Second,
 		LogLevel:        "info",
 		LogFormat:       "text",
@@ -199,6 +203,8 @@ var settings = []setting{
 		field: func(c *Config) any { return &c.SnowflakeEpoch }},
 	{name: "clock-max-backwards", usage: "largest backwards clock step the snowflake engine waits out; more fails the request",
 		field: func(c *Config) any { return &c.MaxBackwards }},
+	{name: "max-batch", arg: "N", usage: "largest number of IDs one SELECT leaf_next('tag', n) or HTTP ?count=n hands out",
+		field: func(c *Config) any { return &c.MaxBatch }},
 	{name: "fill", arg: "[SCHEMA.]TABLE.COLUMN=TAG", repeat: true, usage: "fill rule [schema.]table.column=tag: INSERTs into table without column get an ID of tag (repeatable)",
 		field: func(c *Config) any { return &c.Fill }},
 	{name: "segment-preload", usage: "load the next segment when less than this fraction of the current one is left (Leaf: 0.9)",

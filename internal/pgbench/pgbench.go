@@ -40,7 +40,13 @@ type Endpoint struct {
 	// transactions, is the hop's own cost per transaction: a figure that, unlike TPS,
 	// does not depend on how many cores pgbench and the server leave it.
 	CPU func() (time.Duration, error)
+	// Units is how many units of work (IDs, say) one transaction of the script does; when
+	// set, ratios compare TPS × Units, so that a batch of 1,000 IDs per transaction is
+	// compared by IDs per second with one ID per transaction.
+	Units int
 }
+
+func (e Endpoint) units() float64 { return float64(max(e.Units, 1)) }
 
 // Group is one workload compared across endpoints; Endpoints[0] is the baseline.
 type Group struct {
@@ -272,6 +278,7 @@ func Table(groups []Group, results []Result) string {
 		for _, k := range order {
 			row := byKey[k]
 			baseTPS := row[base].TPS
+			baseUnits := g.Endpoints[0].units()
 			fmt.Fprintf(&b, "| | %s | %d | %.0f%s |", k.mode, k.clients, baseTPS, failedNote(row[base]))
 			for _, e := range g.Endpoints[1:] {
 				r, ok := row[e.Name]
@@ -284,7 +291,7 @@ func Table(groups []Group, results []Result) string {
 				}
 				ratio := 0.0
 				if baseTPS > 0 {
-					ratio = r.TPS / baseTPS
+					ratio = r.TPS * e.units() / (baseTPS * baseUnits)
 				}
 				fmt.Fprintf(&b, " %.0f%s | %.2f× |", r.TPS, failedNote(r), ratio)
 				if e.CPU != nil {

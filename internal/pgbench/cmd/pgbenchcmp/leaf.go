@@ -95,7 +95,21 @@ func leafGroups(dbURL, leafURL string) []pgbench.Group {
 			{Name: "proxy leaf_next", URL: leafURL, Script: "SELECT leaf_next('" + benchTag + "');\n", CPU: pgbench.SelfCPU},
 		}},
 		insertGroup("insert", dbURL, leafURL),
+		batchGroup(leafURL),
 	}
+}
+
+// batchSize is the n of the next-batch group's leaf_next('bench', n).
+const batchSize = 1000
+
+// batchGroup compares SELECT leaf_next('bench', 1000) with the single form, both through
+// the proxy, by IDs per second (the ratio column counts 1,000 IDs per batch).
+func batchGroup(leafURL string) pgbench.Group {
+	return pgbench.Group{Name: "next-batch", Endpoints: []pgbench.Endpoint{
+		{Name: "proxy leaf_next", URL: leafURL, Script: "SELECT leaf_next('" + benchTag + "');\n", CPU: pgbench.SelfCPU},
+		{Name: fmt.Sprintf("proxy leaf_next(%d)", batchSize), URL: leafURL, Units: batchSize,
+			Script: fmt.Sprintf("SELECT leaf_next('%s', %d);\n", benchTag, batchSize), CPU: pgbench.SelfCPU},
+	}}
 }
 
 // insertGroup is a filled INSERT through the proxy against a bigserial default on the

@@ -49,6 +49,9 @@ type Group struct {
 	// Prepare, when set, runs before the group's first run (to change a server setting,
 	// say); the function it returns runs after the group's last run.
 	Prepare func(context.Context) (restore func() error, err error)
+	// Clients and Modes, when set, replace the Config's for this group.
+	Clients []int
+	Modes   []string
 }
 
 // Config says how long and how wide each run is.
@@ -82,7 +85,8 @@ func (r Result) CPUPerTx() time.Duration {
 }
 
 var (
-	tpsRe    = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`)
+	// pgbench -C counts the connections in: "(including reconnection times)".
+	tpsRe    = regexp.MustCompile(`tps = ([0-9.]+) \((?:without initial connection time|including reconnection times)\)`)
 	failedRe = regexp.MustCompile(`number of failed transactions: (\d+)`)
 	txRe     = regexp.MustCompile(`number of transactions actually processed: (\d+)`)
 )
@@ -133,8 +137,15 @@ func runGroup(ctx context.Context, cfg Config, bin, dir string, g Group, modes [
 		}()
 	}
 	rounds := max(cfg.Rounds, 1)
+	clientCounts := cfg.Clients
+	if g.Clients != nil {
+		clientCounts = g.Clients
+	}
+	if g.Modes != nil {
+		modes = g.Modes
+	}
 	for _, mode := range modes {
-		for _, clients := range cfg.Clients {
+		for _, clients := range clientCounts {
 			runs := make([][]Result, len(g.Endpoints))
 			for range rounds {
 				for i, e := range g.Endpoints {

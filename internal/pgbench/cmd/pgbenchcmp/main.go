@@ -14,6 +14,10 @@
 //   - select-only-tls: the same with TLS on every leg: pgbench to the server or the hop,
 //     and the hops to the server;
 //
+//   - connect: `pgbench -C -S`, one client, a new connection per transaction, over TCP:
+//     the CPU per transaction is the cost of a connection, PostgreSQL's own (the
+//     postmaster and its ended backends) beside the hops';
+//
 //   - next-id: SELECT leaf_next('bench') through leafproxy (segment engine), against
 //     SELECT nextval('bench_seq') on the server;
 //
@@ -72,10 +76,11 @@ func run() error {
 	leaf := flag.Bool("leaf", true, "add the ID rows: leaf_next vs nextval, filled INSERT vs bigserial")
 	noBouncer := flag.Bool("no-pgbouncer", false, "leave PgBouncer out")
 	goroutines := flag.Bool("goroutine-relay", false, "add a select-only column for leafproxy with its event loops turned off (a goroutine pair per session)")
-	only := flag.String("groups", "", "comma-separated groups to run (select-only, select-only-unix, select-only-tls, next-id, insert, insert-durable); empty runs all")
+	only := flag.String("groups", "", "comma-separated groups to run (select-only, select-only-unix, select-only-tls, connect, next-id, insert, insert-durable); empty runs all")
 	unixSocket := flag.Bool("unix", true, "add a select-only group in which the proxy and PgBouncer reach the server over its Unix socket")
 	withTLS := flag.Bool("tls", true, "add a select-only group with TLS on every leg (the server must accept TLS)")
 	durable := flag.Bool("durable", true, "add an insert group on a server with fsync, synchronous_commit and full_page_writes on (changed with ALTER SYSTEM for the group, then reset)")
+	connect := flag.Bool("connect", true, "add a connect group: pgbench -C -S, one client, a new connection per transaction, with PostgreSQL's CPU per connection (the postmaster and its ended backends) beside the proxy's and PgBouncer's")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of this process (the bare relay) to this file")
 	flag.Parse()
 	if *cpuProfile != "" {
@@ -134,6 +139,13 @@ func run() error {
 	}
 	defer tcp.stop()
 	groups := []pgbench.Group{tcp.group}
+	if *connect {
+		g, err := connectGroup(ctx, dbURL, tcp.group)
+		if err != nil {
+			return err
+		}
+		groups = append(groups, g)
+	}
 	if *unixSocket {
 		dir, err := socketDir(ctx, dbURL)
 		if err != nil {
@@ -311,6 +323,50 @@ func hostOf(rawURL string) (string, error) {
 		return "", err
 	}
 	return u.Host, nil
+}
+
+// connectGroup is pgbench -C -S with one client in simple mode against the endpoints of
+// the TCP select-only group (the bare relay left out): every transaction opens a new
+// connection, so the CPU per transaction is the cost of a connection. Direct, the meter
+// is the postmaster with its ended children: what PostgreSQL spends starting, serving
+// and ending a backend.
+func connectGroup(ctx context.Context, dbURL string, tcp pgbench.Group) (pgbench.Group, error) {
+	pid, err := postmasterPID(ctx, dbURL)
+	if err != nil {
+		return pgbench.Group{}, err
+	}
+	g := pgbench.Group{Name: "connect", Clients: []int{1}, Modes: []string{"simple"}}
+	for _, e := range tcp.Endpoints {
+		switch {
+		case e.Name == "direct":
+			e.CPU = pgbench.ProcessTreeCPU(pid)
+		case strings.HasPrefix(e.Name, "bare relay"):
+			continue
+		}
+		e.Args = []string{"-C", "-S"}
+		g.Endpoints = append(g.Endpoints, e)
+	}
+	return g, nil
+}
+
+// postmasterPID reads the process ID of the server's postmaster from postmaster.pid in
+// its data directory.
+func postmasterPID(ctx context.Context, dbURL string) (int, error) {
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close(ctx)
+	var dir string
+	if err := conn.QueryRow(ctx, "SELECT current_setting('data_directory')").Scan(&dir); err != nil {
+		return 0, err
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "postmaster.pid"))
+	if err != nil {
+		return 0, err
+	}
+	first, _, _ := strings.Cut(string(b), "\n")
+	return strconv.Atoi(strings.TrimSpace(first))
 }
 
 // withSSLMode returns rawURL with its sslmode set.

@@ -248,7 +248,11 @@ func Table(groups []Group, results []Result) string {
 			continue
 		}
 		base := g.Endpoints[0].Name
+		baseCPU := g.Endpoints[0].CPU != nil
 		fmt.Fprintf(&b, "\n| %s | mode | clients | %s TPS |", g.Name, base)
+		if baseCPU {
+			fmt.Fprintf(&b, " %s CPU µs/tx |", base)
+		}
 		for _, e := range g.Endpoints[1:] {
 			fmt.Fprintf(&b, " %s TPS | %s / %s |", e.Name, e.Name, base)
 			if e.CPU != nil {
@@ -256,6 +260,9 @@ func Table(groups []Group, results []Result) string {
 			}
 		}
 		b.WriteString("\n|---|---|---:|---:|")
+		if baseCPU {
+			b.WriteString("---:|")
+		}
 		for _, e := range g.Endpoints[1:] {
 			b.WriteString("---:|---:|")
 			if e.CPU != nil {
@@ -284,6 +291,9 @@ func Table(groups []Group, results []Result) string {
 			row := byKey[k]
 			baseTPS := row[base].TPS
 			fmt.Fprintf(&b, "| | %s | %d | %.0f%s |", k.mode, k.clients, baseTPS, failedNote(row[base]))
+			if baseCPU {
+				fmt.Fprintf(&b, " %.1f |", float64(row[base].CPUPerTx())/float64(time.Microsecond))
+			}
 			for _, e := range g.Endpoints[1:] {
 				r, ok := row[e.Name]
 				if !ok {

@@ -146,3 +146,21 @@ func TestRunPrepareAndRestore(t *testing.T) {
 		t.Fatalf("calls %v", calls)
 	}
 }
+
+func TestTableBaselineCPU(t *testing.T) {
+	meter := func() (time.Duration, error) { return 0, nil }
+	groups := []Group{{Name: "connect", Endpoints: []Endpoint{{Name: "direct", CPU: meter}, {Name: "proxy", CPU: meter}}}}
+	results := []Result{
+		{Group: "connect", Endpoint: "direct", Mode: "simple", Clients: 1, TPS: 100, Transactions: 500, HopCPU: 3 * time.Second},
+		{Group: "connect", Endpoint: "proxy", Mode: "simple", Clients: 1, TPS: 90, Transactions: 450, HopCPU: 450 * time.Millisecond},
+	}
+	table := Table(groups, results)
+	for _, want := range []string{
+		"| connect | mode | clients | direct TPS | direct CPU µs/tx | proxy TPS | proxy / direct | proxy CPU µs/tx |",
+		"| | simple | 1 | 100 | 6000.0 | 90 | 0.90× | 1000.0 |",
+	} {
+		if !strings.Contains(table, want) {
+			t.Errorf("table lacks %q:\n%s", want, table)
+		}
+	}
+}

@@ -110,7 +110,7 @@ func (c *conn) relayAuthResponse(code uint32) error {
 		_ = c.cw.Flush()
 		return fmt.Errorf("client sent %q during authentication", typ)
 	}
-	if code == pgproto3.AuthTypeSASL {
+	if code == pgproto3.AuthTypeSASL && n <= maxAuthTokenLength {
 		return c.relaySASLInitialResponse(n)
 	}
 	if err := writeHeader(c.uw, typ, n); err != nil {
@@ -150,6 +150,11 @@ func authNeedsResponse(code uint32) bool {
 	}
 	return false
 }
+
+// maxAuthTokenLength is the largest authentication message PostgreSQL accepts
+// (PG_MAX_AUTH_TOKEN_LENGTH); a larger one is streamed to the server, which refuses it,
+// rather than held by the proxy before the client has authenticated.
+const maxAuthTokenLength = 65535
 
 // SASL mechanisms of PostgreSQL's SCRAM authentication.
 const (

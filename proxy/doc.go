@@ -46,7 +46,8 @@
 // GSSAPI encryption are not relayed. SCRAM channel binding (SCRAM-SHA-256-PLUS) binds the
 // authentication to the certificate of the server the client talks TLS with, which is
 // the proxy: it only succeeds when the proxy presents the database's own certificate and
-// key; otherwise TLS clients must connect with channel_binding=disable.
+// key, and the proxy offers SCRAM-SHA-256-PLUS only then (auth.go); a TLS client that
+// would bind if offered is refused with 28000 and told to use channel_binding=disable.
 //
 // A Server is configured through exported fields, like net/http.Server, and stopped with
 // Shutdown (graceful) or Close.

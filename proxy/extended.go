@@ -28,7 +28,7 @@ func (c *conn) handleParse(body []byte, mat *localStatement) error {
 	if name == "" && mat == nil {
 		s.setUnnamed(nil) // the server's unnamed statement is replaced
 	}
-	query, rest, ok2 := cString(rest)
+	query, rest, ok2 := cStringView(rest) // only planned: c.plan copies what it keeps
 	if !ok1 || !ok2 || len(rest) < 2 || len(rest) != 2+4*be16(rest) || be16(rest) < 0 {
 		return c.forwardParse(body, name) // malformed: the server reports it
 	}

@@ -241,7 +241,7 @@ func (c *conn) answerLocal(typ byte, body []byte) bool {
 		if len(body) < 1 || body[0] != 0 {
 			return false
 		}
-		query, rest, ok := cString(body[1:])
+		query, rest, ok := cStringView(body[1:]) // only planned: c.plan copies what it keeps
 		if !ok || len(rest) < 2 || be16(rest) < 0 || len(rest) != 2+4*be16(rest) {
 			return false
 		}

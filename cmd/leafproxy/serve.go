@@ -171,6 +171,9 @@ func (a *app) run(ctx context.Context) (err error) {
 		}
 		log.Warn("test build: the snowflake clock can be moved through POST /debug/clock")
 	}
+	if cfg.HTTPPprof {
+		a.debug = withPprof(a.debug)
+	}
 	a.metrics = metrics.New(buildVersion(), a.bufferLevels)
 	a.rates = a.metrics.NewRateMeter(10 * time.Second)
 	a.history = metrics.NewHistory(historySamples)

@@ -46,6 +46,7 @@ type Config struct {
 
 	HTTP      string `yaml:"http"`
 	HTTPToken string `yaml:"http-token"`
+	HTTPPprof bool   `yaml:"http-pprof"`
 
 	WorkerSource   string        `yaml:"worker-source"`
 	WorkerID       int           `yaml:"worker-id"`
@@ -183,6 +184,8 @@ var settings = []setting{
 		field: func(c *Config) any { return &c.HTTP }},
 	{name: "http-token", arg: "TOKEN", usage: "bearer token required on every HTTP endpoint except /healthz; empty: no token",
 		field: func(c *Config) any { return &c.HTTPToken }},
+	{name: "http-pprof", usage: "serve Go's profiler under /debug/pprof/ on the admin HTTP server (behind http-token when set)",
+		field: func(c *Config) any { return &c.HTTPPprof }},
 	{name: "worker-source", arg: "SOURCE", usage: "where the snowflake worker ID comes from: static, postgres or zookeeper (default: zookeeper when zk is set, else postgres)",
 		field: func(c *Config) any { return &c.WorkerSource }},
 	{name: "worker-id", usage: "snowflake worker ID 0..1023 (worker-source static only)",

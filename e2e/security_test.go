@@ -123,11 +123,10 @@ func TestSecurity(t *testing.T) {
 			t.Errorf("the client's connection to the proxy is %T, not TLS", conn.PgConn().Conn())
 		}
 		// SCRAM over TLS. PostgreSQL offers SCRAM-SHA-256-PLUS on the proxy's TLS connection,
-		// and the proxy relays that offer: a client that binds hashes the certificate it
-		// sees, which is the proxy's. So with the proxy's own certificate, binding fails
-		// even for clients that merely prefer it, and channel_binding=disable is the
-		// documented way through. A proxy that presents the database's own certificate
-		// lets default clients bind.
+		// but a client that binds hashes the certificate it sees, which is the proxy's: the
+		// proxy hides the offer and refuses a client that would bind, so
+		// channel_binding=disable is the documented way through. A proxy that presents the
+		// database's own certificate passes the offer on and lets default clients bind.
 		for _, u := range []struct{ user, password string }{
 			{testenv.SCRAMUser, testenv.SCRAMPassword},
 			{testenv.TLSUser, testenv.TLSPassword},

@@ -1,6 +1,6 @@
 // Package idgen defines what the ID engines share: the Generator interface, the optional
-// TryGenerator for callers that must not block, the sentinel errors callers test for, and
-// a Router that sends each tag to its engine.
+// TryGenerator for callers that must not block and BatchGenerator for many IDs at once, the
+// sentinel errors callers test for, and a Router that sends each tag to its engine.
 //
 // The engines themselves live in the subpackages segment (Leaf-segment, ranges reserved in
 // PostgreSQL) and snowflake (time + worker ID + sequence); worker IDs come from the

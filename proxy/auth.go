@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"bytes"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -30,12 +32,10 @@ func (c *conn) authenticate() error {
 			if len(body) < 4 {
 				return fmt.Errorf("authentication message of %d bytes", len(body))
 			}
-			// SASL mechanisms are passed on unchanged, SCRAM-SHA-256-PLUS included:
-			// hiding it would not help, since a client able to bind then signals
-			// "binding supported but not offered" and the server rejects that as a
-			// downgrade. Binding succeeds when the proxy presents the database's own
-			// certificate; otherwise clients must use channel_binding=disable.
 			code := binary.BigEndian.Uint32(body)
+			if code == pgproto3.AuthTypeSASL && !c.channelBindingPasses() {
+				body = withoutMechanism(body, mechanismSCRAMPlus)
+			}
 			if err := c.writeClient('R', body); err != nil {
 				return err
 			}
@@ -43,7 +43,7 @@ func (c *conn) authenticate() error {
 				return err
 			}
 			if authNeedsResponse(code) {
-				if err := c.relayAuthResponse(); err != nil {
+				if err := c.relayAuthResponse(code); err != nil {
 					return err
 				}
 			}
@@ -82,8 +82,17 @@ func (c *conn) authenticate() error {
 			// Published last: from here on Shutdown may write to the client.
 			c.txStatus.Store(uint32(body[0]))
 			return nil
+		case 'S': // ParameterStatus
+			body, err := c.ur.readBody(n)
+			if err != nil {
+				return c.upstreamStartupFailed(err)
+			}
+			c.noteParameterStatus(body)
+			if err := c.writeClient(typ, body); err != nil {
+				return err
+			}
 		default:
-			// ParameterStatus, NoticeResponse, NegotiateProtocolVersion.
+			// NoticeResponse, NegotiateProtocolVersion.
 			if err := c.relayRaw(typ, n); err != nil {
 				return err
 			}
@@ -98,8 +107,8 @@ func (c *conn) upstreamStartupFailed(err error) error {
 	return fmt.Errorf("reading upstream startup: %w", err)
 }
 
-// relayAuthResponse forwards the client's answer to an authentication request.
-func (c *conn) relayAuthResponse() error {
+// relayAuthResponse forwards the client's answer to an authentication request of this code.
+func (c *conn) relayAuthResponse(code uint32) error {
 	typ, n, err := c.cr.next()
 	if err != nil {
 		return fmt.Errorf("reading authentication response: %w", err)
@@ -109,6 +118,9 @@ func (c *conn) relayAuthResponse() error {
 			fmt.Sprintf("expected password response, got message type %q", typ)))
 		_ = c.cw.Flush()
 		return fmt.Errorf("client sent %q during authentication", typ)
+	}
+	if code == pgproto3.AuthTypeSASL && n <= maxAuthTokenLength {
+		return c.relaySASLInitialResponse(n)
 	}
 	if err := writeHeader(c.uw, typ, n); err != nil {
 		return err
@@ -146,4 +158,126 @@ func authNeedsResponse(code uint32) bool {
 		return true
 	}
 	return false
+}
+
+// maxAuthTokenLength is the largest authentication message PostgreSQL accepts
+// (PG_MAX_AUTH_TOKEN_LENGTH); a larger one is streamed to the server, which refuses it,
+// rather than held by the proxy before the client has authenticated.
+const maxAuthTokenLength = 65535
+
+// SASL mechanisms of PostgreSQL's SCRAM authentication.
+const (
+	mechanismSCRAM     = "SCRAM-SHA-256"
+	mechanismSCRAMPlus = "SCRAM-SHA-256-PLUS"
+)
+
+// channelBindingPasses reports whether SCRAM channel binding can succeed through the
+// proxy. The client binds to the certificate of the TLS endpoint it talks to, the server
+// to its own: the two only agree when the client speaks TLS to the proxy and the proxy
+// presents the database's own certificate. A client that speaks plaintext to the proxy
+// cannot bind at all, and libpq refuses a PLUS offer over a plaintext connection.
+func (c *conn) channelBindingPasses() bool {
+	if _, ok := c.client.(*tls.Conn); !ok {
+		return false
+	}
+	up, ok := c.upstream.(*tls.Conn)
+	if !ok {
+		return false
+	}
+	peer := up.ConnectionState().PeerCertificates
+	cfg := c.srv.TLSConfig
+	// With several certificates or a callback the proxy cannot tell cheaply which one
+	// the client got; only a single, fixed certificate is compared.
+	if len(peer) == 0 || cfg == nil || len(cfg.Certificates) != 1 ||
+		cfg.GetCertificate != nil || cfg.GetConfigForClient != nil {
+		return false
+	}
+	own := cfg.Certificates[0].Certificate
+	return len(own) > 0 && bytes.Equal(own[0], peer[0].Raw)
+}
+
+// withoutMechanism returns an AuthenticationSASL body (code, then NUL-terminated mechanism
+// names, then an empty name) without the named mechanism.
+func withoutMechanism(body []byte, name string) []byte {
+	out := make([]byte, 4, len(body))
+	copy(out, body[:4])
+	rest := body[4:]
+	for len(rest) > 0 {
+		i := bytes.IndexByte(rest, 0)
+		if i < 0 {
+			// Malformed: pass the tail on for the client to judge.
+			return append(out, rest...)
+		}
+		if mech := rest[:i]; string(mech) != name {
+			out = append(out, rest[:i+1]...)
+		}
+		rest = rest[i+1:]
+	}
+	return out
+}
+
+// relaySASLInitialResponse forwards the client's SASLInitialResponse, whose header has
+// been read, after checking what it says about channel binding. A client that speaks TLS
+// to the proxy and was not offered SCRAM-SHA-256-PLUS answers "y" (binding supported,
+// server does not offer it); a server on TLS itself rejects that as a downgrade with an
+// obscure error, so the proxy refuses it first and says why. (libpq, with sslmode=prefer,
+// then retries without TLS and logs in.)
+func (c *conn) relaySASLInitialResponse(n int) error {
+	body, err := c.cr.readBody(n)
+	if err != nil {
+		return fmt.Errorf("reading SASLInitialResponse: %w", err)
+	}
+	if mech, data, ok := parseSASLInitialResponse(body); ok && mech == mechanismSCRAM &&
+		len(data) > 0 && data[0] == 'y' && c.upstreamTLS() {
+		msg := &pgproto3.ErrorResponse{
+			Severity:            severityFatal,
+			SeverityUnlocalized: severityFatal,
+			Code:                codeInvalidAuthorization,
+			Message:             "SCRAM channel binding cannot pass through the proxy: the client's TLS connection ends at the proxy, not at the database server",
+			Hint:                "Connect with channel_binding=disable, or without TLS to the proxy.",
+		}
+		b, _ := msg.Encode(nil)
+		c.srv.reject(codeInvalidAuthorization)
+		_, _ = c.cw.Write(b)
+		_ = c.cw.Flush()
+		return errors.New("client asked for SCRAM channel binding, which cannot pass through the proxy")
+	}
+	if err := c.writeUpstream('p', body); err != nil {
+		return err
+	}
+	return c.uw.Flush()
+}
+
+// upstreamTLS reports whether the upstream connection is encrypted.
+func (c *conn) upstreamTLS() bool {
+	_, ok := c.upstream.(*tls.Conn)
+	return ok
+}
+
+// parseSASLInitialResponse splits a SASLInitialResponse body into its mechanism name and
+// its initial client response (nil when absent: length -1).
+func parseSASLInitialResponse(body []byte) (mech string, data []byte, ok bool) {
+	i := bytes.IndexByte(body, 0)
+	if i < 0 || len(body) < i+5 {
+		return "", nil, false
+	}
+	mech = string(body[:i])
+	l := int32(binary.BigEndian.Uint32(body[i+1:]))
+	rest := body[i+5:]
+	if l < 0 {
+		return mech, nil, true
+	}
+	if int(l) > len(rest) {
+		return "", nil, false
+	}
+	return mech, rest[:l], true
+}
+
+// writeUpstream writes one message to the upstream's buffer.
+func (c *conn) writeUpstream(typ byte, body []byte) error {
+	if err := writeHeader(c.uw, typ, len(body)); err != nil {
+		return err
+	}
+	_, err := c.uw.Write(body)
+	return err
 }

@@ -5,13 +5,16 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/leafproxy/leafproxy/internal/testenv"
 )
 
@@ -258,4 +261,82 @@ func TestUpstreamUnreachable(t *testing.T) {
 		t.Fatal("the refused connection is still tracked")
 	}
 	_ = context.Background
+}
+
+// TestSASLMechanismsOffered checks the AuthenticationSASL a client gets when the upstream
+// connection is TLS, where PostgreSQL offers SCRAM-SHA-256-PLUS: a plaintext client must
+// not see it (libpq refuses a PLUS offer over a plaintext connection), nor may a TLS client
+// of a proxy with a certificate of its own (its binding could never match the server's).
+func TestSASLMechanismsOffered(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	cfg, _ := proxyCertificate(t)
+	p := startProxy(t, db, func(s *Server) {
+		s.UpstreamSSLMode = SSLPrefer
+		s.TLSConfig = cfg
+	})
+	for _, tt := range []struct {
+		name      string
+		clientTLS bool
+	}{{"plaintext client", false}, {"TLS client", true}} {
+		t.Run(tt.name, func(t *testing.T) {
+			got := offeredMechanisms(t, p.addr, testenv.SCRAMUser, tt.clientTLS)
+			if !slices.Equal(got, []string{mechanismSCRAM}) {
+				t.Fatalf("mechanisms offered: %q, want only %s", got, mechanismSCRAM)
+			}
+		})
+	}
+}
+
+// offeredMechanisms opens a connection to addr as user and returns the SASL mechanisms of
+// the AuthenticationSASL it is sent.
+func offeredMechanisms(t *testing.T, addr, user string, useTLS bool) []string {
+	t.Helper()
+	nc, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	_ = nc.SetDeadline(time.Now().Add(30 * time.Second))
+	if useTLS {
+		fe := pgproto3.NewFrontend(nc, nc)
+		fe.Send(&pgproto3.SSLRequest{})
+		if err := fe.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		var answer [1]byte
+		if _, err := nc.Read(answer[:]); err != nil || answer[0] != 'S' {
+			t.Fatalf("SSLRequest answered %q, %v", answer[0], err)
+		}
+		tc := tls.Client(nc, &tls.Config{InsecureSkipVerify: true})
+		if err := tc.Handshake(); err != nil {
+			t.Fatal(err)
+		}
+		nc = tc
+	}
+	fe := pgproto3.NewFrontend(nc, nc)
+	fe.Send(&pgproto3.StartupMessage{ProtocolVersion: pgproto3.ProtocolVersionNumber,
+		Parameters: map[string]string{"user": user, "database": "postgres"}})
+	if err := fe.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	msg, err := fe.Receive()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sasl, ok := msg.(*pgproto3.AuthenticationSASL)
+	if !ok {
+		t.Fatalf("got %T, want AuthenticationSASL", msg)
+	}
+	return sasl.AuthMechanisms
+}
+
+func TestWithoutMechanism(t *testing.T) {
+	body := []byte("\x00\x00\x00\x0aSCRAM-SHA-256-PLUS\x00SCRAM-SHA-256\x00\x00")
+	got := withoutMechanism(body, mechanismSCRAMPlus)
+	if want := "\x00\x00\x00\x0aSCRAM-SHA-256\x00\x00"; string(got) != want {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+	if got := withoutMechanism(body[:len(body)-1], "x"); string(got) != string(body[:len(body)-1]) {
+		t.Fatalf("an unterminated list changed: %q", got)
+	}
 }

@@ -46,6 +46,15 @@ type conn struct {
 	txStatus atomic.Uint32 // last ReadyForQuery status: 'I', 'T' or 'E'; 0 before the first
 	pending  atomic.Int64  // ReadyForQuery messages the client still awaits
 	told     atomic.Bool   // the proxy has sent the client its own final error
+	// unsafeEncoding is set while the session's client_encoding (as the server last
+	// reported it in a ParameterStatus) is one whose multibyte characters may hold ASCII
+	// bytes: the proxy then cannot find the rows of text or CSV COPY data.
+	unsafeEncoding atomic.Bool
+	// timeFormat is how the session prints a timestamptz (DateStyle and TimeZone as the
+	// server last reported them), for the proxy's own leaf_decode answers; timeParams is
+	// its source, touched only by whoever reads the upstream.
+	timeFormat atomic.Pointer[timeFormat]
+	timeParams timeFormat
 
 	sess sessionState // statement map and request cycles; used only when rewriting
 

@@ -16,8 +16,19 @@ import (
 // its cycle, whichever comes first.
 type copyIn struct {
 	cy     *cycle // the Query's cycle
-	filler copyFiller
+	filler rowFiller
+	keys   int  // key columns added to the COPY's column list
 	failed bool // the proxy failed the COPY (CopyFail); the client's data is dropped
+	// text is set for the text and CSV formats; checked once its encoding is known.
+	text, checked bool
+}
+
+// rowFiller appends keys to the rows of a COPY data stream in one format: feed takes the
+// stream's bytes as they come, finish the end of the stream (CopyDone). After an error
+// (a malformed stream, an ID that could not be had) a filler takes nothing more.
+type rowFiller interface {
+	feed(dst, in []byte) ([]byte, error)
+	finish(dst []byte) ([]byte, error)
 }
 
 // copyState is where a copyFiller is in the binary COPY format.
@@ -136,6 +147,10 @@ func (f *copyFiller) feed(dst, in []byte) ([]byte, error) {
 	return dst, f.err
 }
 
+// finish checks nothing: the binary format ends with its own trailer, which the server
+// checks.
+func (f *copyFiller) finish(dst []byte) ([]byte, error) { return dst, f.err }
+
 // take returns the next n bytes of a fixed-size item and the rest of in, gathering the
 // item across messages; item is nil while it is incomplete. The item is valid until the
 // next take.
@@ -176,7 +191,13 @@ func (f *copyFiller) endField(dst []byte) []byte {
 // forward.
 func (c *conn) newCopyIn(cy *cycle, fill *rewrite.CopyFill) *copyIn {
 	next := func(k rewrite.Slot) (int64, error) { return c.nextID(k, "") }
-	return &copyIn{cy: cy, filler: copyFiller{keys: fill.Keys, nextID: next}}
+	ci := &copyIn{cy: cy, keys: len(fill.Keys), text: fill.Format.Kind != "binary"}
+	if fill.Format.Kind == "binary" {
+		ci.filler = &copyFiller{keys: fill.Keys, nextID: next}
+	} else {
+		ci.filler = newTextFiller(fill, next)
+	}
+	return ci
 }
 
 // onCopyIn handles a CopyData, CopyDone or CopyFail of a COPY whose rows get keys. When
@@ -189,12 +210,37 @@ func (c *conn) onCopyIn(ci *copyIn, typ byte, n int) error {
 		return err
 	}
 	s := &c.sess
-	if typ != 'd' {
-		s.mu.Lock()
-		if s.copyIn == ci {
-			s.copyIn = nil
+	if ci.text && !ci.checked && !ci.failed && typ != 'f' {
+		// The client sends data once it has the CopyInResponse, which the server sent
+		// after the ParameterStatus of any client_encoding change before the COPY: the
+		// encoding is known now, also when the COPY was pipelined behind the change.
+		ci.checked = true
+		if c.unsafeEncoding.Load() {
+			if err := c.failCopy(ci, errUnsafeEncoding()); err != nil {
+				return err
+			}
+			if typ != 'd' {
+				c.endCopyIn(ci)
+			}
+			return nil
 		}
-		s.mu.Unlock()
+	}
+	if typ == 'c' && !ci.failed {
+		// CopyDone: a last row without a line end gets its keys first.
+		out, err := ci.filler.finish(s.outBuf[:0])
+		if err != nil {
+			err = c.failCopy(ci, err)
+		} else if len(out) > 0 {
+			err = c.send('d', out)
+			s.outBuf = keepSmall(out)
+		}
+		if err != nil || ci.failed {
+			c.endCopyIn(ci)
+			return err
+		}
+	}
+	if typ != 'd' {
+		c.endCopyIn(ci)
 		if ci.failed {
 			return nil // the server has left the COPY already
 		}
@@ -205,25 +251,53 @@ func (c *conn) onCopyIn(ci *copyIn, typ byte, n int) error {
 	}
 	out, err := ci.filler.feed(s.outBuf[:0], body)
 	if err != nil {
-		ci.failed = true
-		c.log.WithError(err).Debug("failing a COPY whose rows get keys")
-		r := errorResponse(err)
-		if errors.Is(err, errCopyFormat) {
-			r = errorResponse(&rewrite.Error{Code: codeBadCopyFormat, Message: err.Error(),
-				Hint: "The proxy gives keys to the rows of COPY … FROM STDIN (FORMAT binary) only."})
-		}
-		s.mu.Lock()
-		if s.copyIn == ci { // else the COPY's cycle is over, and the server's word stands
-			ci.cy.copyFailure = r
-		}
-		s.mu.Unlock()
-		return c.send('f', append([]byte("leafproxy: "+err.Error()), 0))
+		return c.failCopy(ci, err)
 	}
 	s.outBuf = keepSmall(out)
 	if len(out) == 0 {
 		return nil
 	}
 	return c.send('d', out)
+}
+
+// endCopyIn ends the session's filled COPY ci.
+func (c *conn) endCopyIn(ci *copyIn) {
+	s := &c.sess
+	s.mu.Lock()
+	if s.copyIn == ci {
+		s.copyIn = nil
+	}
+	s.mu.Unlock()
+}
+
+// failCopy fails a filled COPY with a CopyFail of the proxy's own: the server rolls the
+// whole COPY back, and the client gets the proxy's reason in place of the server's error.
+func (c *conn) failCopy(ci *copyIn, err error) error {
+	s := &c.sess
+	ci.failed = true
+	c.log.WithError(err).Debug("failing a COPY whose rows get keys")
+	r := errorResponse(err)
+	if errors.Is(err, errCopyFormat) {
+		r = errorResponse(&rewrite.Error{Code: codeBadCopyFormat, Message: err.Error(),
+			Hint: "COPY … (FORMAT binary) data must be in PostgreSQL's binary COPY format."})
+	}
+	s.mu.Lock()
+	if s.copyIn == ci { // else the COPY's cycle is over, and the server's word stands
+		ci.cy.copyFailure = r
+	}
+	s.mu.Unlock()
+	return c.send('f', append(asciiOnly([]byte("leafproxy: "+err.Error())), 0))
+}
+
+// asciiOnly replaces the bytes of b outside printable ASCII by '?': the server converts a
+// CopyFail's message from the client encoding, which may not hold every character.
+func asciiOnly(b []byte) []byte {
+	for i, c := range b {
+		if c < ' ' || c > '~' {
+			b[i] = '?'
+		}
+	}
+	return b
 }
 
 // SQLSTATEs of a filled COPY that fails.
@@ -259,7 +333,7 @@ func (c *conn) stripCopyKeys(body []byte) []byte {
 	if ci == nil || ci.cy != head || len(body) < 3 {
 		return body
 	}
-	cols, keys := int(binary.BigEndian.Uint16(body[1:3])), len(ci.filler.keys)
+	cols, keys := int(binary.BigEndian.Uint16(body[1:3])), ci.keys
 	if cols < keys || len(body) != 3+2*cols {
 		return body
 	}

@@ -21,6 +21,13 @@
 // Query, and in the extended protocol as a whole cycle up to Sync outside a transaction
 // block (see local.go; a cycle that turns out to need the server is replayed upstream,
 // and an unnamed statement parsed by the proxy is created at the server first).
+// SELECT leaf_next('tag', n) is answered the same way, n rows, and elsewhere becomes
+// SELECT unnest(<IDs>::int8[]) with the IDs a literal or one hidden int8[] parameter
+// (batch.go). SELECT leaf_decode(id) is answered alike when the proxy can print the
+// timestamp as the server would, and elsewhere becomes SQL that splits the ID; Bind
+// checks a parameter ID (decode.go). A COPY … FROM STDIN into a filled table gets a key in every
+// row of its data stream: binary tuples in copyfill.go, text and CSV rows, found by
+// PostgreSQL's own rules, in copytext.go.
 //
 // A statement the proxy refuses (the rewriter cannot rewrite it safely, or its IDs cannot
 // be had) never reaches the database: a stand-in that fails before doing anything goes
@@ -39,7 +46,8 @@
 // GSSAPI encryption are not relayed. SCRAM channel binding (SCRAM-SHA-256-PLUS) binds the
 // authentication to the certificate of the server the client talks TLS with, which is
 // the proxy: it only succeeds when the proxy presents the database's own certificate and
-// key; otherwise TLS clients must connect with channel_binding=disable.
+// key, and the proxy offers SCRAM-SHA-256-PLUS only then (auth.go); a TLS client that
+// would bind if offered is refused with 28000 and told to use channel_binding=disable.
 //
 // A Server is configured through exported fields, like net/http.Server, and stopped with
 // Shutdown (graceful) or Close.

@@ -28,7 +28,7 @@ func (c *conn) handleParse(body []byte, mat *localStatement) error {
 	if name == "" && mat == nil {
 		s.setUnnamed(nil) // the server's unnamed statement is replaced
 	}
-	query, rest, ok2 := cString(rest)
+	query, rest, ok2 := cStringView(rest) // only planned: c.plan copies what it keeps
 	if !ok1 || !ok2 || len(rest) < 2 || len(rest) != 2+4*be16(rest) || be16(rest) < 0 {
 		return c.forwardParse(body, name) // malformed: the server reports it
 	}
@@ -44,6 +44,9 @@ func (c *conn) handleParse(body []byte, mat *localStatement) error {
 	}
 	if plan == nil {
 		return c.forwardParse(body, name)
+	}
+	if plan.Batch != nil {
+		return c.parseBatch(name, plan, oids, mat)
 	}
 	s.mu.Lock()
 	var prepared *statement
@@ -72,6 +75,16 @@ func (c *conn) handleParse(body []byte, mat *localStatement) error {
 	}
 	clientOIDs := len(oids) / 4
 	params := max(clientOIDs, plan.MaxParam)
+	if plan.Decode != nil && plan.Decode.Param > 0 {
+		// Remembered so that Bind can check the ID (see bindDecode).
+		out := append(s.outBuf[:0], name...)
+		out = append(out, 0)
+		out = plan.AppendParams(out, params+1)
+		out = append(out, 0)
+		out = append(out, rest...)
+		s.outBuf = keepSmall(out)
+		return c.sendParse(name, &statement{decode: plan.Decode}, plan, mat, out)
+	}
 	if len(slots) == 0 {
 		// Nothing to fill per execution, but the text may still change (a PREPARE
 		// declares the hidden parameters of the statement it creates).
@@ -117,11 +130,16 @@ func (c *conn) handleParse(body []byte, mat *localStatement) error {
 		out = binary.BigEndian.AppendUint32(out, oidInt8)
 	}
 	s.outBuf = keepSmall(out)
+	return c.sendParse(name, &statement{slots: slots, fast: fastStatement(plan, params)}, plan, mat, out)
+}
 
+// sendParse records the statement a rewritten Parse creates and sends the Parse.
+func (c *conn) sendParse(name string, st *statement, plan *rewrite.Plan, mat *localStatement, out []byte) error {
+	s := &c.sess
 	s.mu.Lock()
 	cy := s.openLocked()
 	cy.sent++
-	s.setStatementLocked(cy, name, &statement{slots: slots, fast: fastStatement(plan, params)}, '1')
+	s.setStatementLocked(cy, name, st, '1')
 	if mat != nil {
 		cy.swallow = append(cy.swallow, cy.sent)
 		s.localStmt = nil
@@ -241,6 +259,12 @@ func (c *conn) handleBind(body []byte) error {
 	}
 	if st == nil {
 		return c.forwardExtended('B', body)
+	}
+	if st.batch != nil {
+		return c.bindBatch(st, stmtName, body)
+	}
+	if st.decode != nil {
+		return c.bindDecode(st.decode, body)
 	}
 	m, _, ok := parseBind(body)
 	if !ok || (len(m.formats) > 1 && len(m.formats) != len(m.params)) {

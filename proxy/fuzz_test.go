@@ -40,6 +40,14 @@ func FuzzClientStream(f *testing.F) {
 	f.Add(append(append([]byte{}, startup...), encode(
 		&pgproto3.Parse{Name: "s", Query: "SELECT $1"}, &pgproto3.Bind{PreparedStatement: "s"},
 		&pgproto3.Describe{ObjectType: 'P'}, &pgproto3.Execute{}, &pgproto3.Sync{})...))
+	f.Add(append(append([]byte{}, startup...), encode(
+		&pgproto3.Query{String: "SELECT leaf_next('t', 3)"}, &pgproto3.Query{String: "SELECT leaf_decode(42)"},
+		&pgproto3.Parse{Query: "SELECT leaf_next($1, $2)"}, &pgproto3.Bind{Parameters: [][]byte{[]byte("t"), []byte("2")}},
+		&pgproto3.Execute{MaxRows: 1}, &pgproto3.Execute{}, &pgproto3.Sync{},
+		&pgproto3.Parse{Query: "SELECT leaf_decode($1)"}, &pgproto3.Bind{Parameters: [][]byte{[]byte("7")}}, &pgproto3.Execute{}, &pgproto3.Sync{})...))
+	f.Add(append(append([]byte{}, startup...), encode(
+		&pgproto3.Query{String: "COPY orders (item) FROM STDIN (FORMAT csv, HEADER)"},
+		&pgproto3.CopyData{Data: []byte("item\n\"a\nb\",\r\n\\.\n")}, &pgproto3.CopyDone{})...))
 	f.Add(append(append([]byte{}, startup...), 'Q', 0xff, 0xff, 0xff, 0xff))
 	f.Add(append(append([]byte{}, startup...), 'Q', 0, 0, 0, 2))
 	f.Add(append(append([]byte{}, startup...), 'd', 0, 0, 0, 100, 1, 2, 3))

@@ -16,6 +16,9 @@ type IDSource interface {
 	Next(ctx context.Context, tag string) (int64, error)
 	// NextSnowflake returns a fresh snowflake ID (leaf_snowflake()).
 	NextSnowflake(ctx context.Context) (int64, error)
+	// NextBatch appends n fresh IDs of a tag to dst (leaf_next('tag', n)), strictly
+	// increasing within the batch. On failure it returns the IDs issued before it.
+	NextBatch(ctx context.Context, tag string, n int, dst []int64) ([]int64, error)
 }
 
 // IDProber is implemented by an IDSource that can hand out an ID without waiting. The
@@ -37,8 +40,10 @@ const codeSystemError = "58000"
 
 // OIDs the proxy declares or reports.
 const (
-	oidInt8 = 20
-	oidText = 25
+	oidInt8      = 20
+	oidInt4      = 23
+	oidText      = 25
+	oidInt8Array = 1016
 )
 
 // nextID returns the ID for one slot; tag is the tag of a SlotTagParam slot.

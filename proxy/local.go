@@ -34,15 +34,45 @@ const maxLocalMessage = 4 << 10
 
 // localStatement is an unnamed statement that exists at the proxy only.
 type localStatement struct {
-	fast  *rewrite.FastPath
+	localQuery
 	parse []byte // the client's Parse body, rewritten and sent to materialize it
+}
+
+// localQuery is what the proxy answers for a statement: one ID (fast), a batch, or the
+// decoding of an ID.
+type localQuery struct {
+	fast   *rewrite.FastPath
+	batch  *rewrite.Batch
+	decode *rewrite.Decode
+	params []uint32 // parameter types, as a ParameterDescription reports them
+}
+
+// appendDescription appends the statement's RowDescription.
+func (q localQuery) appendDescription(b []byte, binaryFormat bool) []byte {
+	if q.decode != nil {
+		return appendDecodeDescription(b, binaryFormat)
+	}
+	return appendRowDescription(b, q.column(), binaryFormat)
+}
+
+func (q localQuery) column() string {
+	if q.batch != nil {
+		return q.batch.Column
+	}
+	return q.fast.Column
 }
 
 // localPortal is the unnamed portal of a local cycle.
 type localPortal struct {
-	fast   *rewrite.FastPath
+	localQuery
 	binary bool // result format: 8-byte big-endian rather than text
 	ran    bool // its one row has been sent
+
+	// A batch's IDs, drawn at Bind as when the server runs it, and how many rows have
+	// gone out.
+	ids  []int64
+	sent int
+	row  []byte // leaf_decode's DataRow, made at Bind
 }
 
 // localCycle is an extended-protocol cycle the proxy is answering itself.
@@ -182,19 +212,24 @@ func (s *sessionState) begin() *localCycle {
 	return s.local
 }
 
-// fastOf returns the fast path of the statement name, if it has one.
-func (s *sessionState) fastOf(name string) *rewrite.FastPath {
+// localOf returns what the proxy answers for the statement name, if it may.
+func (s *sessionState) localOf(name string) (localQuery, bool) {
 	if name == "" {
 		if st := s.unnamed(); st != nil {
-			return st.fast
+			return st.localQuery, true
 		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if st := s.stmts[name]; st != nil {
-		return st.fast
+		switch {
+		case st.fast != nil:
+			return localQuery{fast: st.fast}, true
+		case st.batch != nil && st.local:
+			return localQuery{batch: st.batch, params: st.params}, true
+		}
 	}
-	return nil
+	return localQuery{}, false
 }
 
 // answerLocal answers one message of a local cycle, reporting false when the proxy cannot.
@@ -202,41 +237,82 @@ func (c *conn) answerLocal(typ byte, body []byte) bool {
 	s := &c.sess
 	switch typ {
 	case 'P':
-		// Only the unnamed statement, without parameter types of the client's.
+		// Only the unnamed statement; parameter types only for a batch.
 		if len(body) < 1 || body[0] != 0 {
 			return false
 		}
-		query, rest, ok := cString(body[1:])
-		if !ok || len(rest) != 2 || be16(rest) != 0 {
+		query, rest, ok := cStringView(body[1:]) // only planned: c.plan copies what it keeps
+		if !ok || len(rest) < 2 || be16(rest) < 0 || len(rest) != 2+4*be16(rest) {
 			return false
 		}
 		plan, err := c.plan(query)
-		if err != nil || plan == nil || fastStatement(plan, plan.MaxParam) == nil {
+		if err != nil || plan == nil {
+			return false
+		}
+		var q localQuery
+		switch {
+		case plan.Batch != nil:
+			types, complete := batchParamTypes(plan.Batch, plan.MaxParam, rest[2:])
+			if !complete {
+				return false // the server refuses it
+			}
+			q = localQuery{batch: plan.Batch, params: types}
+		case plan.Decode != nil:
+			types, complete := decodeParamTypes(plan.Decode, plan.MaxParam, rest[2:])
+			if !complete {
+				return false // the server refuses it
+			}
+			q = localQuery{decode: plan.Decode, params: types}
+		case be16(rest) == 0 && fastStatement(plan, plan.MaxParam) != nil:
+			q = localQuery{fast: plan.FastPath}
+		default:
 			return false
 		}
 		lc := s.begin()
-		s.setUnnamed(&localStatement{fast: plan.FastPath, parse: append([]byte(nil), body...)})
+		s.setUnnamed(&localStatement{localQuery: q, parse: append([]byte(nil), body...)})
 		lc.out = append(lc.out, '1', 0, 0, 0, 4)
 	case 'B':
-		portal, rest, ok1 := cString(body)
-		stmt, rest, ok2 := cString(rest)
-		if !ok1 || !ok2 || portal != "" || len(rest) < 6 || be16(rest) != 0 || be16(rest[2:]) != 0 {
+		m, stmt, ok := parseBind(body)
+		if !ok || string(m.head[:1]) != "\x00" || (len(m.formats) > 1 && len(m.formats) != len(m.params)) {
 			return false
 		}
 		binaryResult := false
-		switch results := rest[4:]; {
+		switch results := m.results; {
 		case len(results) == 2 && be16(results) == 0:
 		case len(results) == 4 && be16(results) == 1 && be16(results[2:]) <= 1:
 			binaryResult = be16(results[2:]) == 1
 		default:
 			return false // the server reports what is wrong with it
 		}
-		fast := s.fastOf(stmt)
-		if fast == nil {
-			return false
+		q, ok := s.localOf(stmt)
+		if !ok || len(m.params) != len(q.params) {
+			return false // the server reports a wrong number of parameters
+		}
+		var row []byte
+		var argErr error
+		if q.decode != nil {
+			id, ok, err := decodeArg(q.decode, q.params, &m)
+			if !ok {
+				return false // the server judges the value
+			}
+			if argErr = err; err == nil {
+				if row, ok = c.decodeRow(nil, q.decode, id, binaryResult); !ok {
+					return false // the server prints the timestamp
+				}
+			}
 		}
 		lc := s.begin()
-		lc.store = localPortal{fast: fast, binary: binaryResult}
+		if argErr != nil {
+			r := errorResponse(argErr)
+			c.countError(r)
+			lc.out = append(lc.out, r.msg...)
+			lc.failed = true
+			break
+		}
+		lc.store = localPortal{localQuery: q, binary: binaryResult, ids: lc.store.ids[:0], row: row}
+		if q.batch != nil && !c.bindLocalBatch(lc, &lc.store, &m) {
+			break
+		}
 		lc.portal = &lc.store
 		lc.out = append(lc.out, '2', 0, 0, 0, 4)
 	case 'D':
@@ -249,19 +325,19 @@ func (c *conn) answerLocal(typ byte, body []byte) bool {
 		}
 		switch body[0] {
 		case 'S':
-			fast := s.fastOf(name)
-			if fast == nil {
+			q, ok := s.localOf(name)
+			if !ok {
 				return false
 			}
 			lc := s.begin()
-			lc.out = append(lc.out, 't', 0, 0, 0, 6, 0, 0)
-			lc.out = appendRowDescription(lc.out, fast.Column, false)
+			lc.out = appendParameterDescription(lc.out, q.params)
+			lc.out = q.appendDescription(lc.out, false)
 		case 'P':
 			if name != "" || s.local == nil || s.local.portal == nil {
 				return false
 			}
 			lc := s.local
-			lc.out = appendRowDescription(lc.out, lc.portal.fast.Column, lc.portal.binary)
+			lc.out = lc.portal.appendDescription(lc.out, lc.portal.binary)
 		default:
 			return false
 		}
@@ -271,6 +347,25 @@ func (c *conn) answerLocal(typ byte, body []byte) bool {
 		}
 		lc := s.local
 		p := lc.portal
+		if p.batch != nil {
+			c.executeLocalBatch(lc, p, int32(binary.BigEndian.Uint32(body[1:])))
+			break
+		}
+		if p.decode != nil {
+			if p.ran {
+				lc.out = appendCommandComplete(lc.out, "SELECT 0")
+				break
+			}
+			p.ran = true
+			c.rewritten("fast_path")
+			lc.out = append(lc.out, p.row...)
+			if maxRows := int32(binary.BigEndian.Uint32(body[1:])); maxRows == 1 {
+				lc.out = append(lc.out, 's', 0, 0, 0, 4)
+			} else {
+				lc.out = appendCommandComplete(lc.out, "SELECT 1")
+			}
+			break
+		}
 		if p.ran {
 			// A portal runs once; fetching from an exhausted one yields no rows.
 			lc.out = appendCommandComplete(lc.out, "SELECT 0")
@@ -337,6 +432,7 @@ func (c *conn) finishLocal() error {
 	lc.out = keepSmall(lc.out)
 	lc.msgs = keepSmall(lc.msgs)
 	lc.portal = nil
+	lc.store = localPortal{} // a batch's IDs are not kept past the cycle
 	return err
 }
 
@@ -404,6 +500,17 @@ func (c *conn) materialize() error {
 	s := &c.sess
 	st := s.unnamed()
 	return c.handleParse(st.parse, st)
+}
+
+// appendParameterDescription appends a ParameterDescription of the given types.
+func appendParameterDescription(b []byte, types []uint32) []byte {
+	b = append(b, 't')
+	b = binary.BigEndian.AppendUint32(b, uint32(4+2+4*len(types)))
+	b = binary.BigEndian.AppendUint16(b, uint16(len(types)))
+	for _, t := range types {
+		b = binary.BigEndian.AppendUint32(b, t)
+	}
+	return b
 }
 
 // appendRowDescription appends the RowDescription PostgreSQL sends for the rewritten

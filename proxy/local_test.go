@@ -30,6 +30,13 @@ func (u *unknownTagIDs) Next(ctx context.Context, tag string) (int64, error) {
 	return u.stubIDs.Next(ctx, tag)
 }
 
+func (u *unknownTagIDs) NextBatch(ctx context.Context, tag string, n int, dst []int64) ([]int64, error) {
+	if tag == "missing" || tag == "nope" {
+		return dst, codedError{"42704"}
+	}
+	return u.stubIDs.NextBatch(ctx, tag, n, dst)
+}
+
 func (u *unknownTagIDs) TryNext(tag string) (int64, bool) {
 	if tag == "missing" || tag == "nope" {
 		return 0, false

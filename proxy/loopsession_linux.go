@@ -103,10 +103,12 @@ func (s *Server) adopt(c *conn) bool {
 	ls := &loopSession{c: c, loop: l}
 	ls.client.init(ls, cfd, clientTLS, c.cr.br)
 	ls.upstream.init(ls, ufd, upstreamTLS, c.ur.br)
-	c.cr.br = bufio.NewReaderSize(&ls.client.in, readBufferSize)
-	c.ur.br = bufio.NewReaderSize(&ls.upstream.in, readBufferSize)
-	c.cw = bufio.NewWriterSize(ls.client.out(), writeBufferSize)
-	c.uw = bufio.NewWriterSize(ls.upstream.out(), writeBufferSize)
+	// The session's buffers move over with it (their unread input was copied above and
+	// their output flushed): a new connection costs four buffers, not eight.
+	c.cr.br.Reset(&ls.client.in)
+	c.ur.br.Reset(&ls.upstream.in)
+	c.cw.Reset(ls.client.out())
+	c.uw.Reset(ls.upstream.out())
 
 	if testHookBeforeTakeover != nil {
 		testHookBeforeTakeover(c)

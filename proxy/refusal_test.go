@@ -45,8 +45,11 @@ var refusedStatements = []struct {
 	code string
 }{
 	{"INSERT INTO orders (item) SELECT 'x'", "0A000"},
-	{"COPY orders (item) FROM STDIN", "0A000"},
+	{"COPY orders (item) FROM '/nonexistent/orders.csv' (FORMAT csv)", "0A000"},
 	{"SELECT leaf_next(1)", "22023"},
+	{"SELECT leaf_next('order', 2), 1", "0A000"},
+	{"SELECT leaf_next('order', 0)", "22023"},
+	{"SELECT leaf_next('nope', 2)", "42704"},
 	{"SELECT leaf_next('nope')", "42704"},
 	{"SELECT leaf_next('nope'), 1", "42704"},
 	{"INSERT INTO lost (item) VALUES ('x')", "42704"},
@@ -127,7 +130,7 @@ func TestRefusalOutsideTransaction(t *testing.T) {
 			t.Fatalf("after %s: %s, want %s", rs.sql, got, want)
 		}
 	}
-	if got := items(t, direct); got != "0 1 2 3 4 5" {
+	if got := items(t, direct); got != "0 1 2 3 4 5 6 7 8" {
 		t.Fatalf("items %q", got)
 	}
 }
@@ -389,9 +392,9 @@ func TestRefusalPsqlCopy(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, err := runTool(t, "psql", "-X", "-v", "VERBOSITY=verbose", "-d", url,
-		"-c", `\copy orders (item) from '`+items+`' with (format csv)`)
+		"-c", `COPY orders (item) FROM '`+items+`' WITH (format csv)`)
 	if err == nil || !strings.Contains(out, "ERROR:  0A000:") {
-		t.Fatalf("\\copy without the key: %v\n%s", err, out)
+		t.Fatalf("server-side COPY without the key: %v\n%s", err, out)
 	}
 	out, err = runTool(t, "psql", "-X", "-v", "ON_ERROR_STOP=1", "-d", url,
 		"-c", `\copy orders (id, item) from '`+keyed+`' with (format csv)`)

@@ -45,6 +45,13 @@ func (c *conn) fromUpstreamRewriting(typ byte, n int) (fatal bool, err error) {
 			return false, err
 		}
 		return false, c.writeClient(typ, c.stripHidden(body))
+	case 'S': // ParameterStatus
+		body, err := c.ur.readBody(n)
+		if err != nil {
+			return false, err
+		}
+		c.noteParameterStatus(body)
+		return false, c.writeClient(typ, body)
 	case 'G':
 		body, err := c.ur.readBody(n)
 		if err != nil {

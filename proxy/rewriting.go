@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"strconv"
+	"strings"
+	"unsafe"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
@@ -74,6 +76,19 @@ func (c *conn) send(typ byte, body []byte) error {
 	return nil
 }
 
+// cStringView is cString without the copy: the string shares b's memory, so it is only
+// valid while b is, and must be copied before it is kept.
+func cStringView(b []byte) (string, []byte, bool) {
+	i := bytes.IndexByte(b, 0)
+	if i < 0 {
+		return "", nil, false
+	}
+	if i == 0 {
+		return "", b[1:], true
+	}
+	return unsafe.String(&b[0], i), b[i+1:], true
+}
+
 // cString splits a NUL-terminated string off the front of b.
 func cString(b []byte) (string, []byte, bool) {
 	i := bytes.IndexByte(b, 0)
@@ -93,29 +108,43 @@ func (c *conn) onQuery(n int) error {
 	// server's may be bound locally any more.
 	s.setUnnamed(nil)
 	s.mu.Lock()
-	if st := s.stmts[""]; st != nil && st.fast != nil {
-		s.stmts[""] = &statement{slots: st.slots}
+	if st := s.stmts[""]; st != nil && (st.fast != nil || st.local) {
+		s.stmts[""] = &statement{slots: st.slots, batch: st.batch}
 	}
 	s.mu.Unlock()
-	sql, rest, ok := cString(body)
+	// A view of the body, not a copy: a statement that needs no rewrite costs no
+	// allocation. It is valid until the next read from the client; c.plan and the
+	// refusal keep copies of their own.
+	sql, rest, ok := cStringView(body)
 	if !ok || len(rest) != 0 {
 		return c.forwardQuery(body) // malformed: the server reports it
 	}
 	plan, err := c.plan(sql)
 	if err != nil {
-		return c.refuseQuery(err, sql, planRefused)
+		return c.refuseQuery(err, strings.Clone(sql), planRefused)
 	}
 	if plan == nil {
 		return c.forwardQuery(body)
+	}
+	if plan.Batch != nil {
+		return c.onBatchQuery(plan.Batch)
+	}
+	if d := plan.Decode; d != nil && d.Param == 0 {
+		if done, err := c.decodeQuery(d); done || err != nil {
+			return err
+		}
 	}
 	if plan.FastPath != nil {
 		if done, err := c.fastPath(plan.FastPath); done || err != nil {
 			return err
 		}
 	}
+	if x := plan.CopyFill; x != nil && x.Format.Kind != "binary" && c.unsafeEncoding.Load() {
+		return c.refuseQuery(errUnsafeEncoding(), sql, planRefused)
+	}
 	out, drawn, err := c.literal(plan, s.outBuf[:0])
 	if err != nil {
-		return c.refuseQuery(err, sql, drawn)
+		return c.refuseQuery(err, strings.Clone(sql), drawn)
 	}
 	out = append(out, 0)
 	s.outBuf = keepSmall(out)
@@ -141,14 +170,16 @@ const inlinePlanMax = 256
 // plan plans sql. On an event loop, a text the rewriter cannot answer from its caches
 // and longer than inlinePlanMax is planned after detaching, so that a bulk INSERT holds
 // up only its own session, not every session of the loop.
+//
+// sql may be a view of a reused buffer (see onQuery): what the rewriter answers from the
+// prefilter or its cache needs no copy, and only a text it must plan, and may keep in its
+// cache, is copied.
 func (c *conn) plan(sql string) (*rewrite.Plan, error) {
-	if ls := c.loop.Load(); ls != nil && !ls.detached {
-		if p, ok, err := c.srv.Rewriter.Cached(sql); ok {
-			return p, err
-		}
-		c.leaveLoopFor(len(sql))
+	if p, ok, err := c.srv.Rewriter.Cached(sql); ok {
+		return p, err
 	}
-	return c.srv.Rewriter.Plan(sql)
+	c.leaveLoopFor(len(sql))
+	return c.srv.Rewriter.Plan(strings.Clone(sql))
 }
 
 // leaveLoopFor detaches from an event loop before parsing a text of n bytes, when that
@@ -340,7 +371,7 @@ func (c *conn) handleDescribe(body []byte) error {
 		hidden := 0
 		if name, _, ok := cString(body[1:]); ok {
 			if st := s.statementLocked(name); st != nil {
-				hidden = len(st.slots)
+				hidden = st.hidden()
 			}
 		}
 		cy.describes = append(cy.describes, hidden)

@@ -67,6 +67,18 @@ func (s *stubIDs) issued(tag string) int64 {
 	return 0
 }
 
+// NextBatch is n calls of Next.
+func (s *stubIDs) NextBatch(ctx context.Context, tag string, n int, dst []int64) ([]int64, error) {
+	for range n {
+		id, err := s.Next(ctx, tag)
+		if err != nil {
+			return dst, err
+		}
+		dst = append(dst, id)
+	}
+	return dst, nil
+}
+
 func (s *stubIDs) NextSnowflake(ctx context.Context) (int64, error) {
 	id, err := s.Next(ctx, "\x00snowflake")
 	return 1<<40 + id, err

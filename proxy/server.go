@@ -71,6 +71,9 @@ type Server struct {
 	Rewriter *rewrite.Rewriter
 	// IDs supplies the IDs the rewritten statements need; required with Rewriter.
 	IDs IDSource
+	// MaxBatch is the largest n of SELECT leaf_next('tag', n) (DefaultMaxBatch); a larger
+	// one, or one below 1, is refused with 22023.
+	MaxBatch int
 
 	// GoroutineRelay serves every session with a pair of goroutines, one per direction.
 	// By default a session whose two connections are TCP or Unix sockets, with or

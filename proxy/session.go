@@ -16,6 +16,23 @@ type statement struct {
 	// leaf_snowflake() without client parameters: a cycle that only binds and executes
 	// it may be answered by the proxy.
 	fast *rewrite.FastPath
+	// batch is set when the statement is SELECT leaf_next('tag', n): the server's text
+	// takes the IDs as one hidden int8[] parameter after the client's params, whose types
+	// it declared as params. With local set, a cycle that only binds and executes it may
+	// be answered by the proxy.
+	batch  *rewrite.Batch
+	params []uint32
+	local  bool
+	// decode is set when the statement is SELECT leaf_decode($n): Bind checks the ID.
+	decode *rewrite.Decode
+}
+
+// hidden is the number of parameters the proxy added to the statement.
+func (st *statement) hidden() int {
+	if st.batch != nil {
+		return len(st.slots) + 1
+	}
+	return len(st.slots)
 }
 
 // undoEntry restores the statement map if the operation that changed it did not happen

@@ -202,6 +202,7 @@ const (
 	codeConnectionFailure    = "08006" // connection_failure
 	codeConnectionUnable     = "08001" // sqlclient_unable_to_establish_sqlconnection
 	codeProtocolViolation    = "08P01" // protocol_violation
+	codeInvalidAuthorization = "28000" // invalid_authorization_specification
 	codeTooManyConnections   = "53300" // too_many_connections
 	codeCannotConnectNow     = "57P03" // cannot_connect_now
 	codeAdminShutdown        = "57P01" // admin_shutdown

@@ -26,8 +26,12 @@ func (p *planner) leafCall(fc *pg_query.FuncCall) {
 		}
 		slot = Slot{Kind: SlotSnowflake}
 	default:
+		if len(fc.Args) == 2 {
+			p.batchCall(fc)
+			return
+		}
 		if len(fc.Args) != 1 {
-			p.fail(p.errAt(CodeInvalidParameter, loc, "Call it as leaf_next('tag').", "leaf_next() takes exactly one argument, the tag"))
+			p.fail(p.errAt(CodeInvalidParameter, loc, "Call it as leaf_next('tag'), or leaf_next('tag', n) for n IDs.", "leaf_next() takes the tag, or the tag and a number of IDs"))
 			return
 		}
 		var ok bool
@@ -185,6 +189,15 @@ func (p *planner) prepareStmt(s *pg_query.PrepareStmt, start, end int) {
 	}
 	if sub.err != nil {
 		p.fail(sub.err)
+		return
+	}
+	if sub.decode != nil {
+		p.fail(p.errAt(CodeNotSupported, sub.decodeLoc, hintDecode, "leaf_decode() is not supported in PREPARE"))
+		return
+	}
+	if sub.batch != nil {
+		p.fail(p.errAt(CodeNotSupported, sub.batchLoc, "Prepare SELECT leaf_next($1, $2) with the extended query protocol (a driver's prepared statement) instead.",
+			"leaf_next(tag, n) returns a set of rows and is not supported in PREPARE"))
 		return
 	}
 	hasSlots := false

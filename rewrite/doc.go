@@ -46,11 +46,19 @@
 //     the proxy cannot know the column order. A key given as a parameter or an
 //     expression passes untouched even if it is NULL at run time; only DEFAULT
 //     and a literal NULL are replaced.
-//   - COPY … FROM STDIN in the binary format into a filled table whose column
-//     list leaves keys out gets them appended to the list, and a CopyFill
-//     tells the proxy to append one int8 field per key to every tuple. Any
-//     other COPY FROM that leaves a key out (text, CSV, a file, a program) is
-//     refused (0A000): its rows would take the key from the column's default.
+//   - COPY … FROM STDIN (binary, text or CSV) into a filled table whose
+//     column list leaves keys out gets them appended to the list, and a
+//     CopyFill tells the proxy to append one field per key to every row, with
+//     the options it needs to find the rows (delimiter, quote, escape, header).
+//     Any other COPY FROM that leaves a key out (a file, a program) is refused
+//     (0A000): its rows would take the key from the column's default. So is one
+//     whose ENCODING option names an encoding whose multibyte characters may
+//     hold ASCII bytes (SJIS, BIG5, GBK, GB18030, UHC, JOHAB); the proxy checks
+//     the session's client_encoding itself.
+//   - SELECT leaf_next('tag', n) is planned as a Batch only as a query of its
+//     own; anywhere else it is refused (0A000), since it returns a set of rows.
+//   - SELECT leaf_decode(id), as a query of its own, becomes SQL that splits
+//     the ID by the configured snowflake layout; anywhere else it is refused.
 //   - PREPARE name AS <statement with slots> declares the slots as trailing
 //     int8 parameters (PREPARE p (unknown, int8) AS …; a parameter that only
 //     carried a leaf_next tag is declared text), so each EXECUTE appends fresh

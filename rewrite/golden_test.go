@@ -52,11 +52,14 @@ type result struct {
 	MaxParam     int        `json:"max_param,omitempty"`
 	Unreferenced []int      `json:"unreferenced_params,omitempty"`
 	FastPath     string     `json:"fast_path,omitempty"`
+	Batch        string     `json:"batch,omitempty"`
+	Decode       string     `json:"decode,omitempty"`
 	Prepare      string     `json:"prepare,omitempty"`
 	Execute      string     `json:"execute,omitempty"`
 	Deallocate   string     `json:"deallocate,omitempty"`
 	SessionRefs  []string   `json:"session_refs,omitempty"`
 	CopyFill     []string   `json:"copy_fill,omitempty"`
+	CopyFormat   string     `json:"copy_format,omitempty"`
 	Error        *goldenErr `json:"error,omitempty"`
 }
 
@@ -97,6 +100,15 @@ func describe(t testing.TB, sql string, p *Plan, err error) *result {
 	} else {
 		r.Params = string(p.AppendParams(nil, p.MaxParam+1))
 	}
+	if b := p.Batch; b != nil {
+		// The statement the server runs when the proxy cannot answer: three IDs here.
+		r.Literal = string(b.AppendLiteral(nil, []int64{1001, 1002, 1003}))
+		r.Params = string(b.AppendParam(nil, p.MaxParam+1))
+		r.Batch = fmt.Sprintf("column=%s tag=%q tag_param=%d count=%d count_param=%d", b.Column, b.Tag, b.TagParam, b.Count, b.CountParam)
+	}
+	if d := p.Decode; d != nil {
+		r.Decode = fmt.Sprintf("param=%d", d.Param)
+	}
 	if f := p.FastPath; f != nil {
 		r.FastPath = fmt.Sprintf("column=%s slot=%s", f.Column, f.Slot)
 	}
@@ -120,9 +132,11 @@ func describe(t testing.TB, sql string, p *Plan, err error) *result {
 		r.SessionRefs = append(r.SessionRefs, fmt.Sprintf("name=%s all=%v", s.Name, s.All))
 	}
 	if x := p.CopyFill; x != nil {
-		for _, s := range x.Keys {
-			r.CopyFill = append(r.CopyFill, s.String())
+		for i, s := range x.Keys {
+			r.CopyFill = append(r.CopyFill, x.Columns[i]+"="+s.String())
 		}
+		f := x.Format
+		r.CopyFormat = fmt.Sprintf("%s delimiter=%q quote=%q escape=%q header=%q", f.Kind, f.Delimiter, f.Quote, f.Escape, f.Header)
 	}
 	return r
 }

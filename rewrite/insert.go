@@ -1,6 +1,7 @@
 package rewrite
 
 import (
+	"strconv"
 	"strings"
 
 	pg_query "github.com/pganalyze/pg_query_go/v6"
@@ -236,13 +237,13 @@ func hasValueFor(cols []*pg_query.Node, src *pg_query.Node, col string) bool {
 }
 
 // copyFrom plans a COPY … FROM into a filled table whose column list leaves
-// a key out. From STDIN in the binary format the proxy adds the key to the
-// column list and an ID to every tuple of the data stream (CopyFill): a
-// binary tuple says where it ends and how many fields it has, so the proxy
-// reads the stream exactly. Any other COPY FROM is refused, since its rows
-// would take the key from the column's default (a sequence that knows
-// nothing of the IDs the proxy hands out) or fail on NOT NULL part way
-// through the load. Without a column list COPY reads every column, the key
+// a key out. From STDIN the proxy adds the key to the column list and an ID to
+// every row of the data stream (CopyFill): a binary tuple says where it ends
+// and how many fields it has, and the rows of text and CSV data are found by
+// PostgreSQL's own rules, so the proxy reads the stream exactly. Any other
+// COPY FROM is refused, since its rows would take the key from the column's
+// default (a sequence that knows nothing of the IDs the proxy hands out) or
+// fail on NOT NULL part way through the load. Without a column list COPY reads every column, the key
 // among them, from the data.
 func (p *planner) copyFrom(c *pg_query.CopyStmt) {
 	if !c.IsFrom || len(c.Attlist) == 0 {
@@ -257,31 +258,114 @@ func (p *planner) copyFrom(c *pg_query.CopyStmt) {
 	if len(missing) == 0 {
 		return
 	}
-	if c.Filename == "" && !c.IsProgram && copyFormat(c) == "binary" {
-		p.addCopyKeys(c, missing)
+	format, encoding := copyOptions(c)
+	if enc := encoding; enc != "" && UnsafeCopyEncoding(enc) {
+		p.fail(p.errAt(CodeNotSupported, int(c.Relation.Location),
+			"Load the data in UTF8 or another encoding in which ASCII bytes are always ASCII characters.",
+			"COPY into %s in ENCODING %s is not supported: in that encoding the proxy cannot find the rows to give keys to", c.Relation.Relname, enc))
 		return
+	}
+	if c.Filename == "" && !c.IsProgram {
+		switch format.Kind {
+		case "binary", "text", "csv":
+			p.addCopyKeys(c, missing, format)
+			return
+		}
 	}
 	for _, rule := range missing {
 		p.fail(p.errAt(CodeNotSupported, int(c.Relation.Location),
-			"List "+rule.colSQL+" in the column list and give every row an ID (from SELECT leaf_next('"+strings.ReplaceAll(rule.Tag, "'", "''")+"') or the HTTP API), load with INSERT … VALUES, or use COPY … FROM STDIN (FORMAT binary), as pgx's CopyFrom does, with a bigint key: the proxy fills the key in those.",
-			"COPY into %s without %s is not supported: the proxy fills %s only in INSERT … VALUES and in COPY … FROM STDIN (FORMAT binary)", c.Relation.Relname, rule.Column, rule.Column))
+			"List "+rule.colSQL+" in the column list and give every row an ID (from SELECT leaf_next('"+strings.ReplaceAll(rule.Tag, "'", "''")+"') or the HTTP API), load with INSERT … VALUES, or use COPY … FROM STDIN (psql's \\copy, pgx's CopyFrom) with a bigint key: the proxy fills the key in those.",
+			"COPY into %s without %s is not supported: the proxy fills %s only in INSERT … VALUES and in COPY … FROM STDIN", c.Relation.Relname, rule.Column, rule.Column))
 	}
 }
 
-// copyFormat returns the FORMAT option of a COPY, "text" when there is none.
-func copyFormat(c *pg_query.CopyStmt) string {
-	format := "text"
+// copyOptions reads the options of a COPY that decide how its rows are found, with
+// PostgreSQL's defaults, and its ENCODING option ("" when there is none).
+func copyOptions(c *pg_query.CopyStmt) (f CopyFormat, encoding string) {
+	f.Kind = "text"
+	var delim, quote, escape string
 	for _, o := range c.Options {
-		if d := o.GetDefElem(); d != nil && d.Defname == "format" {
-			format = strings.ToLower(d.Arg.GetString_().GetSval())
+		d := o.GetDefElem()
+		if d == nil {
+			continue
+		}
+		switch d.Defname {
+		case "format":
+			f.Kind = strings.ToLower(defString(d))
+		case "delimiter":
+			delim = defString(d)
+		case "quote":
+			quote = defString(d)
+		case "escape":
+			escape = defString(d)
+		case "encoding":
+			encoding = defString(d)
+		case "header":
+			switch strings.ToLower(defString(d)) {
+			case "match":
+				f.Header = "match"
+			case "", "true", "on", "1":
+				f.Header = "true"
+			}
 		}
 	}
-	return format
+	f.Delimiter, f.Quote = '\t', '"'
+	if f.Kind == "csv" {
+		f.Delimiter = ','
+	}
+	if delim != "" {
+		f.Delimiter = delim[0]
+	}
+	if quote != "" {
+		f.Quote = quote[0]
+	}
+	f.Escape = f.Quote
+	if escape != "" {
+		f.Escape = escape[0]
+	}
+	return f, encoding
+}
+
+// defString returns an option's value as written: a string, a number or a boolean
+// keyword; "" for an option without a value.
+func defString(d *pg_query.DefElem) string {
+	switch x := unwrap(d.Arg).(type) {
+	case *pg_query.String:
+		return x.Sval
+	case *pg_query.Integer:
+		return strconv.Itoa(int(x.Ival))
+	case *pg_query.Boolean:
+		return strconv.FormatBool(x.Boolval)
+	case *pg_query.Float:
+		return x.Fval
+	}
+	return ""
+}
+
+// UnsafeCopyEncoding reports whether name (as PostgreSQL spells it, or an alias) is an
+// encoding in which the second byte of a multibyte character may be an ASCII byte such as
+// a newline, a quote or a backslash: in its text or CSV COPY data, rows cannot be found
+// without decoding the characters.
+func UnsafeCopyEncoding(name string) bool {
+	var b strings.Builder
+	for _, r := range strings.ToLower(name) {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+			b.WriteRune(r)
+		}
+	}
+	switch b.String() {
+	case "sjis", "shiftjis", "mskanji", "windows932", "win932", "shiftjis2004",
+		"big5", "win950", "windows950",
+		"gbk", "cp936", "win936", "windows936", "gb18030",
+		"uhc", "win949", "windows949", "johab":
+		return true
+	}
+	return false
 }
 
 // addCopyKeys appends the missing key columns to a COPY's column list and
 // records them in the plan's CopyFill.
-func (p *planner) addCopyKeys(c *pg_query.CopyStmt, missing []fillRule) {
+func (p *planner) addCopyKeys(c *pg_query.CopyStmt, missing []fillRule, format CopyFormat) {
 	toks := p.tokens()
 	c0 := toks.at(int(c.Relation.Location))
 	open := -1
@@ -300,10 +384,11 @@ func (p *planner) addCopyKeys(c *pg_query.CopyStmt, missing []fillRule) {
 		return
 	}
 	at := int(toks[end].Start)
-	fill := &CopyFill{}
+	fill := &CopyFill{Format: format}
 	for _, rule := range missing {
 		p.add(slotEdit{edit: edit{start: at, end: at, text: ", " + rule.colSQL}})
 		fill.Keys = append(fill.Keys, Slot{Kind: SlotTag, Tag: rule.Tag})
+		fill.Columns = append(fill.Columns, rule.Column)
 	}
 	p.copyFill = fill
 }

@@ -96,12 +96,27 @@ func (e *Execute) Tag(param int) (string, error) {
 	return a.Value, nil
 }
 
-// CopyFill describes COPY table (columns) FROM STDIN in the binary format into a
-// filled table whose column list leaves keys out: the rewritten statement lists
-// them after the client's columns, and the proxy appends one int8 field per key,
-// a fresh ID, to every tuple of the data stream.
+// CopyFill describes COPY table (columns) FROM STDIN into a filled table whose
+// column list leaves keys out: the rewritten statement lists them after the
+// client's columns, and the proxy appends one field per key, a fresh ID, to every
+// row of the data stream, in the COPY's format.
 type CopyFill struct {
-	Keys []Slot // one per key column added, in the order they are added
+	Keys    []Slot   // one per key column added, in the order they are added
+	Columns []string // the key columns' names, in the same order
+	Format  CopyFormat
+}
+
+// CopyFormat is what the proxy must know of a COPY's options to find its rows and
+// append fields to them. Invalid options are the server's to report (it does so
+// before it reads any data), so they are not checked here.
+type CopyFormat struct {
+	Kind      string // "binary", "text" or "csv"
+	Delimiter byte   // text: tab, csv: comma
+	Quote     byte   // csv: the quote character ('"')
+	Escape    byte   // csv: the escape character (the quote character)
+	// Header is "" (no header line), "true" (the first line is skipped) or "match" (the
+	// first line must name the columns).
+	Header string
 }
 
 // Deallocate describes DEALLOCATE [PREPARE] name | ALL and DISCARD ALL
@@ -127,6 +142,12 @@ type Plan struct {
 	// FastPath is non-nil iff the whole string is one bare SELECT leaf_next('tag')
 	// or SELECT leaf_snowflake().
 	FastPath *FastPath
+	// Batch is non-nil iff the whole string is one SELECT leaf_next('tag', n); the plan
+	// has no slots then.
+	Batch *Batch
+	// Decode is non-nil iff the whole string is one SELECT leaf_decode(id); the
+	// rewritten text computes the columns.
+	Decode *Decode
 	// Prepare, Execute and Deallocate are set when the string is that single
 	// statement (EXPLAIN EXECUTE and CREATE TABLE … AS EXECUTE count as EXECUTE).
 	Prepare    *Prepare

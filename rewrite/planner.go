@@ -34,6 +34,13 @@ type planner struct {
 	deallocate *Deallocate
 	refs       []SessionRef
 	copyFill   *CopyFill
+
+	batch       *Batch // a leaf_next(tag, n) call; the plan is a Batch if it is the whole statement
+	batchLoc    int
+	countParams map[int]bool // n used as the count of leaf_next(tag, n)
+
+	decode    *Decode // a leaf_decode(id) call; refused unless it is the whole statement
+	decodeLoc int
 }
 
 // slotEdit is an edit before slots are numbered: hasSlot marks the edits
@@ -46,7 +53,7 @@ type slotEdit struct {
 
 func newPlanner(rw *Rewriter, sql string, toks tokens, reads *[]int) *planner {
 	return &planner{rw: rw, sql: sql, toks: toks, reads: reads, leafText: containsFold(sql, "leaf_"),
-		tagArgs: map[int32]bool{}, tagParams: map[int]bool{}, refParams: map[int]bool{}}
+		tagArgs: map[int32]bool{}, tagParams: map[int]bool{}, refParams: map[int]bool{}, countParams: map[int]bool{}}
 }
 
 // planned is the outcome of planning one text, with what the shape cache
@@ -96,10 +103,25 @@ func (p *planner) plan(tree *pg_query.ParseResult) (*Plan, error) {
 			p.params(raw.Stmt)
 		}
 	}
+	multi := len(tree.Stmts) > 1
+	var batch *Batch
+	if p.err == nil && p.batch != nil {
+		if !multi && len(p.edits) == 0 {
+			batch = p.standaloneBatch(tree.Stmts[0].Stmt)
+		}
+		if batch == nil {
+			p.fail(p.errAt(CodeNotSupported, p.batchLoc, hintBatch, "leaf_next(tag, n) returns a set of rows and is supported only as a query of its own"))
+		}
+	}
+	if p.err == nil && p.decode != nil && (multi || len(p.edits) != 1 || !p.standaloneDecode(tree.Stmts[0].Stmt)) {
+		p.fail(p.errAt(CodeNotSupported, p.decodeLoc, hintDecode, "leaf_decode() is supported only as a query of its own, SELECT leaf_decode(id)"))
+	}
 	if p.err != nil {
 		return nil, p.err
 	}
-	multi := len(tree.Stmts) > 1
+	if batch != nil {
+		return &Plan{sql: sql, MaxParam: p.maxParam, Batch: batch, UnreferencedParams: p.unreferenced()}, nil
+	}
 	if multi && p.prepareAny {
 		return nil, &Error{Code: CodeNotSupported,
 			Message: "PREPARE of a statement with leaf IDs inside a query of several statements is not supported",
@@ -124,12 +146,7 @@ func (p *planner) plan(tree *pg_query.ParseResult) (*Plan, error) {
 		}
 		pos = e.end
 	}
-	for n := range p.tagParams {
-		if !p.refParams[n] {
-			out.UnreferencedParams = append(out.UnreferencedParams, n)
-		}
-	}
-	sort.Ints(out.UnreferencedParams)
+	out.UnreferencedParams = p.unreferenced()
 	if multi {
 		out.SessionRefs = p.refs
 	} else {
@@ -142,9 +159,22 @@ func (p *planner) plan(tree *pg_query.ParseResult) (*Plan, error) {
 			}
 		}
 		out.FastPath = fastPath(tree.Stmts[0].Stmt, out.Slots)
+		out.Decode = p.decode
 		out.CopyFill = p.copyFill
 	}
 	return out, nil
+}
+
+// unreferenced lists the parameters that only carried a leaf_next tag, sorted.
+func (p *planner) unreferenced() []int {
+	var out []int
+	for n := range p.tagParams {
+		if !p.refParams[n] {
+			out = append(out, n)
+		}
+	}
+	sort.Ints(out)
+	return out
 }
 
 // number sorts the edits by position and numbers the slots in textual
@@ -376,6 +406,10 @@ func (p *planner) once(n *pg_query.Node) {
 				p.leafCall(x)
 				return false
 			}
+			if isDecode(x) {
+				p.decodeCall(x)
+				return false
+			}
 		case *pg_query.SubLink:
 			if x.Testexpr != nil {
 				p.once(x.Testexpr)
@@ -399,7 +433,15 @@ func (p *planner) refuse(m proto.Message, where string, skip ...string) {
 	visit := func(c proto.Message) bool {
 		switch x := c.(type) {
 		case *pg_query.FuncCall:
+			if isDecode(x) {
+				p.fail(p.errAt(CodeNotSupported, int(x.Location), hintDecode, "leaf_decode() is not supported in %s", where))
+				return false
+			}
 			if name := leafFunc(x); name != "" {
+				if name == "leaf_next" && len(x.Args) == 2 {
+					p.fail(p.errAt(CodeNotSupported, int(x.Location), hintBatch, "leaf_next(tag, n) returns a set of rows and is not supported in %s", where))
+					return false
+				}
 				p.fail(p.errAt(CodeNotSupported, int(x.Location), hintOnce, "%s() is not supported in %s", name, where))
 				return false
 			}

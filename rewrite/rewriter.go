@@ -31,6 +31,8 @@ type Settings struct {
 	// value turns it off, so that every text missing the first level is
 	// parsed.
 	ShapeCacheSize int
+	// Snowflake is the layout leaf_decode splits IDs by.
+	Snowflake SnowflakeLayout
 }
 
 // Rewriter plans SQL rewrites. It is safe for concurrent use.
@@ -39,6 +41,7 @@ type Rewriter struct {
 	needles []string // lower-case table names of the fill rules, for the prefilter
 	cache   *lru[cacheEntry]
 	shapes  *shapeCache // nil when turned off
+	layout  SnowflakeLayout
 }
 
 type fillRule struct {
@@ -54,7 +57,10 @@ func New(s Settings) (*Rewriter, error) {
 	if s.CacheSize == 0 {
 		s.CacheSize = DefaultCacheSize
 	}
-	r := &Rewriter{cache: newLRU[cacheEntry](s.CacheSize)}
+	r := &Rewriter{cache: newLRU[cacheEntry](s.CacheSize), layout: s.Snowflake.orDefault()}
+	if l := r.layout; l.WorkerBits < 0 || l.SequenceBits < 0 || l.WorkerBits+l.SequenceBits > 62 || l.EpochMillis < 0 {
+		return nil, fmt.Errorf("rewrite: snowflake layout %+v is invalid", l)
+	}
 	switch {
 	case s.ShapeCacheSize == 0:
 		r.shapes = newShapeCache(DefaultCacheSize)

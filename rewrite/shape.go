@@ -231,7 +231,9 @@ func newTemplate(sh *shape, res planned) *template {
 	p := *res.plan
 	p.sql, p.edits = "", nil
 	t.plan = &p
-	t.edits = make([]templateEdit, len(res.plan.edits))
+	if res.plan.edits != nil {
+		t.edits = make([]templateEdit, len(res.plan.edits))
+	}
 	for i, e := range res.plan.edits {
 		start, ok1 := sh.anchor(e.start)
 		end, ok2 := sh.anchor(e.end)
@@ -255,7 +257,9 @@ func (t *template) instantiate(sh *shape) *Plan {
 	}
 	p := *t.plan
 	p.sql = sh.sql
-	p.edits = make([]edit, len(t.edits))
+	if t.edits != nil {
+		p.edits = make([]edit, len(t.edits))
+	}
 	for i, e := range t.edits {
 		p.edits[i] = edit{start: sh.offset(e.start), end: sh.offset(e.end), text: e.text, slot: e.slot}
 	}

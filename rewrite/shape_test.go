@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -236,6 +237,10 @@ func TestShapeKeepsTags(t *testing.T) {
 			"INSERT INTO t (id, x) VALUES (leaf_next('b'), 'z')", func(p *Plan) string { return p.Slots[0].Tag }},
 		{"tag spelled with escapes", "SELECT leaf_next(E'a'), 1", "SELECT leaf_next(E'a'), 2", "SELECT leaf_next(E'\\x62'), 3",
 			func(p *Plan) string { return p.Slots[0].Tag }},
+		{"batch count", "SELECT leaf_next('x', 5)", "", "SELECT leaf_next('x', 6)",
+			func(p *Plan) string { return "count " + strconv.FormatInt(p.Batch.Count, 10) }},
+		{"batch tag", "SELECT leaf_next('a', 5)", "", "SELECT leaf_next('b', 5)",
+			func(p *Plan) string { return p.Batch.Tag }},
 		{"execute", "EXECUTE p('a', 1)", "EXECUTE p('a', 2)", "EXECUTE p('b', 3)",
 			func(p *Plan) string { tag, _ := p.Execute.Tag(1); return tag }},
 	} {
@@ -493,18 +498,34 @@ func TestShapeServedTextsStayOutOfTextCache(t *testing.T) {
 	}
 }
 
-// TestShapeKeysCopyFormat plans a binary COPY, then the same text with the format as
-// another string constant: the shape cache must not serve the binary plan, whose keys
-// the proxy would write into a CSV stream.
+// TestShapeKeysCopyFormat plans a binary COPY, then the same text with the format or a
+// delimiter as another string constant: the shape cache must not serve the first plan,
+// whose keys the proxy would write into the other stream in the wrong format.
 func TestShapeKeysCopyFormat(t *testing.T) {
 	rw, err := New(goldenSettings)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p, err := rw.Plan("COPY orders (item) FROM STDIN (FORMAT 'binary')"); err != nil || p == nil || p.CopyFill == nil {
-		t.Fatalf("binary COPY: %v, %v", p, err)
-	}
-	if p, err := rw.Plan("COPY orders (item) FROM STDIN (FORMAT 'csv')"); err == nil {
-		t.Fatalf("CSV COPY planned as %+v, want a refusal", p)
+	for _, c := range []struct {
+		sql  string
+		want string
+	}{
+		{"COPY orders (item) FROM STDIN (FORMAT 'binary')", "binary ','"},
+		{"COPY orders (item) FROM STDIN (FORMAT 'csv')", "csv ','"},
+		{"COPY orders (item) FROM STDIN (FORMAT 'csv', DELIMITER ';')", "csv ';'"},
+		{"COPY orders (item) FROM STDIN (FORMAT 'csv', DELIMITER '|')", "csv '|'"},
+		{"COPY orders (item) FROM STDIN (FORMAT 'csv', ENCODING 'SJIS')", "refused"},
+	} {
+		p, err := rw.Plan(c.sql)
+		got := "refused"
+		if err == nil && p != nil && p.CopyFill != nil {
+			got = fmt.Sprintf("%s %q", p.CopyFill.Format.Kind, p.CopyFill.Format.Delimiter)
+			if p.CopyFill.Format.Kind == "binary" {
+				got = "binary ','"
+			}
+		}
+		if got != c.want {
+			t.Errorf("Plan(%q): %s, %v; want %s", c.sql, got, err, c.want)
+		}
 	}
 }

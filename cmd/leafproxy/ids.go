@@ -147,6 +147,15 @@ func (s *idSource) NextSnowflake(ctx context.Context) (int64, error) {
 	return id, nil
 }
 
+// NextBatch appends n IDs of tag to dst (leaf_next('tag', n)).
+func (s *idSource) NextBatch(ctx context.Context, tag string, n int, dst []int64) ([]int64, error) {
+	dst, err := s.router.NextBatch(ctx, tag, n, dst)
+	if err != nil {
+		return dst, s.fail(err, tag)
+	}
+	return dst, nil
+}
+
 // TryNext returns an ID of tag if its engine has one at hand now, without waiting (see
 // idgen.TryGenerator). With ok false nothing was issued and nothing counted: the proxy
 // then calls Next, which waits, or fails with its SQLSTATE and is counted.

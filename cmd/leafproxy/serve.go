@@ -172,6 +172,9 @@ func (a *app) run(ctx context.Context) (err error) {
 		}
 		log.Warn("test build: the snowflake clock can be moved through POST /debug/clock")
 	}
+	if cfg.HTTPPprof {
+		a.debug = withPprof(a.debug)
+	}
 	a.metrics = metrics.New(buildVersion(), a.bufferLevels)
 	a.rates = a.metrics.NewRateMeter(10 * time.Second)
 	a.history = metrics.NewHistory(historySamples)
@@ -231,6 +234,7 @@ func (a *app) run(ctx context.Context) (err error) {
 			Handler: httpapi.New(httpapi.Options{
 				Segment:        segGen,
 				Snowflake:      snowGen,
+				MaxBatch:       cfg.MaxBatch,
 				Decode:         func(id int64) httpapi.Decoded { return decoded(a.snowflake.Codec(), id) },
 				Cache:          a.segment.Snapshot,
 				Status:         a.status,
@@ -357,7 +361,10 @@ func (a *app) newProxy() (*proxy.Server, error) {
 	for i, r := range cfg.FillRules {
 		rules[i] = rewrite.FillRule{Schema: r.Schema, Table: r.Table, Column: r.Column, Tag: r.Tag}
 	}
-	rw, err := rewrite.New(rewrite.Settings{Fill: rules})
+	codec := a.snowflake.Codec()
+	rw, err := rewrite.New(rewrite.Settings{Fill: rules, Snowflake: rewrite.SnowflakeLayout{
+		EpochMillis: codec.EpochMillis(), WorkerBits: codec.Layout().WorkerBits, SequenceBits: codec.Layout().SequenceBits,
+	}})
 	if err != nil {
 		return nil, fmt.Errorf("fill: %w", err)
 	}
@@ -368,6 +375,7 @@ func (a *app) newProxy() (*proxy.Server, error) {
 		UpstreamSSLMode: mode,
 		MaxClientConns:  cfg.MaxClientConns,
 		MaxMessageSize:  cfg.MaxMessageSize,
+		MaxBatch:        cfg.MaxBatch,
 		EventLoops:      max(cfg.EventLoops, 0),
 		GoroutineRelay:  cfg.EventLoops < 0,
 		Logger:          a.log,

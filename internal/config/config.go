@@ -48,6 +48,7 @@ type Config struct {
 
 	HTTP      string `yaml:"http"`
 	HTTPToken string `yaml:"http-token"`
+	HTTPPprof bool   `yaml:"http-pprof"`
 
 	WorkerSource   string        `yaml:"worker-source"`
 	WorkerID       int           `yaml:"worker-id"`
@@ -60,6 +61,9 @@ type Config struct {
 	SnowflakeTags  List          `yaml:"snowflake-tags"`
 	SnowflakeEpoch int64         `yaml:"snowflake-epoch"`
 	MaxBackwards   time.Duration `yaml:"clock-max-backwards"`
+
+	// MaxBatch is the largest n of leaf_next('tag', n) and of the HTTP ?count=n.
+	MaxBatch int `yaml:"max-batch"`
 
 	Fill List `yaml:"fill"`
 	// FillRules is Fill parsed; Load sets it.
@@ -92,6 +96,7 @@ func Defaults() Config {
 		SnowflakeEpoch:  DefaultSnowflakeEpoch,
 		MaxBackwards:    5 * time.Millisecond,
 		SegmentPreload:  0.9,
+		MaxBatch:        10_000,
 		ShutdownTimeout: 30 * time.Second,
 		LogLevel:        "info",
 		LogFormat:       "text",
@@ -184,6 +189,8 @@ var settings = []setting{
 		field: func(c *Config) any { return &c.HTTP }},
 	{name: "http-token", arg: "TOKEN", usage: "bearer token required on every HTTP endpoint except /healthz; empty: no token",
 		field: func(c *Config) any { return &c.HTTPToken }},
+	{name: "http-pprof", usage: "serve Go's profiler under /debug/pprof/ on the admin HTTP server (behind http-token when set)",
+		field: func(c *Config) any { return &c.HTTPPprof }},
 	{name: "worker-source", arg: "SOURCE", usage: "where the snowflake worker ID comes from: static, postgres or zookeeper (default: zookeeper when zk is set, else postgres)",
 		field: func(c *Config) any { return &c.WorkerSource }},
 	{name: "worker-id", usage: "snowflake worker ID 0..1023 (worker-source static only)",
@@ -204,6 +211,8 @@ var settings = []setting{
 		field: func(c *Config) any { return &c.SnowflakeEpoch }},
 	{name: "clock-max-backwards", usage: "largest backwards clock step the snowflake engine waits out; more fails the request",
 		field: func(c *Config) any { return &c.MaxBackwards }},
+	{name: "max-batch", arg: "N", usage: "largest number of IDs one SELECT leaf_next('tag', n) or HTTP ?count=n hands out",
+		field: func(c *Config) any { return &c.MaxBatch }},
 	{name: "fill", arg: "[SCHEMA.]TABLE.COLUMN=TAG", repeat: true, usage: "fill rule [schema.]table.column=tag: INSERTs into table without column get an ID of tag (repeatable)",
 		field: func(c *Config) any { return &c.Fill }},
 	{name: "segment-preload", usage: "load the next segment when less than this fraction of the current one is left (Leaf: 0.9)",

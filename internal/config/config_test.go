@@ -46,8 +46,8 @@ func TestDefaults(t *testing.T) {
 	if c.WorkerStateDir != "" {
 		t.Errorf("worker-state-dir = %q with worker-source postgres, want it unset", c.WorkerStateDir)
 	}
-	if c.SnowflakeEpoch != DefaultSnowflakeEpoch || c.SegmentPreload != 0.9 {
-		t.Errorf("epoch %d, preload %v", c.SnowflakeEpoch, c.SegmentPreload)
+	if c.SnowflakeEpoch != DefaultSnowflakeEpoch || c.SegmentPreload != 0.9 || c.MaxBatch != 10_000 {
+		t.Errorf("epoch %d, preload %v, max-batch %d", c.SnowflakeEpoch, c.SegmentPreload, c.MaxBatch)
 	}
 	if got := c.Origins["listen"]; got != "default" {
 		t.Errorf("origin of listen = %q", got)
@@ -136,6 +136,19 @@ func TestTypedValuesFromEverysource(t *testing.T) {
 		c.SnowflakeEpoch != 1600000000000 || c.MaxBackwards != 10*time.Millisecond || c.WorkerStateDir != stateDir {
 		t.Errorf("got %+v", c)
 	}
+	for _, src := range []struct {
+		file string
+		env  map[string]string
+		args []string
+	}{
+		{"store: " + testStore + "\nmax-batch: 500\n", nil, nil},
+		{"", map[string]string{"LEAFPROXY_STORE": testStore, "LEAFPROXY_MAX_BATCH": "500"}, nil},
+		{"", map[string]string{"LEAFPROXY_STORE": testStore, "LEAFPROXY_MAX_BATCH": "7"}, []string{"--max-batch", "500"}},
+	} {
+		if c, err := load(t, src.file, src.env, src.args...); err != nil || c.MaxBatch != 500 {
+			t.Errorf("max-batch from %+v: %d, %v", src, c.MaxBatch, err)
+		}
+	}
 	c, err = load(t, "", map[string]string{"LEAFPROXY_STORE": testStore, "LEAFPROXY_MIGRATE_ON_START": "true"}, "--migrate-on-start=false")
 	if err != nil || c.MigrateOnStart {
 		t.Errorf("flag false over env true: %v, %v", c.MigrateOnStart, err)
@@ -200,6 +213,8 @@ func TestErrors(t *testing.T) {
 		{"fill unterminated", "", s, []string{"--fill", `"orders.id=a`}, []string{"fill", "unterminated"}},
 		{"preload", "", s, []string{"--segment-preload", "1"}, []string{"segment-preload", "strictly between 0 and 1"}},
 		{"conns", "", s, []string{"--max-client-conns", "0"}, []string{"max-client-conns", "at least 1"}},
+		{"batch zero", "", s, []string{"--max-batch", "0"}, []string{"max-batch", "between 1 and 1000000"}},
+		{"batch huge", "", s, []string{"--max-batch", "1000001"}, []string{"max-batch", "between 1 and 1000000"}},
 		{"message size", "", s, []string{"--max-message-size", "10"}, []string{"max-message-size", "minimum"}},
 		{"event loops", "", s, []string{"--event-loops", "-2"}, []string{"event-loops", "must be -1 (none), 0 (automatic)"}},
 		{"shutdown", "", s, []string{"--shutdown-timeout", "0s"}, []string{"shutdown-timeout", "positive"}},

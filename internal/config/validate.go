@@ -75,6 +75,9 @@ func (c *Config) Validate() error {
 	if c.EventLoops < -1 {
 		bad("event-loops", "%d must be -1 (none), 0 (automatic) or a number of loops", c.EventLoops)
 	}
+	if c.MaxBatch < 1 || c.MaxBatch > maxMaxBatch {
+		bad("max-batch", "%d must be between 1 and %d", c.MaxBatch, maxMaxBatch)
+	}
 	if c.MaxMessageSize < 1<<10 {
 		bad("max-message-size", "%d is below the minimum of 1024 bytes", c.MaxMessageSize)
 	}
@@ -255,3 +258,6 @@ func CheckTagName(tag string) error {
 	}
 	return nil
 }
+
+// maxMaxBatch bounds max-batch: a batch is held in memory and answered in one go.
+const maxMaxBatch = 1_000_000

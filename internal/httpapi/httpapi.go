@@ -32,6 +32,9 @@ type Options struct {
 	Segment idgen.Generator
 	// Snowflake serves /api/snowflake/get/{tag}; as in Leaf the tag is ignored.
 	Snowflake idgen.Generator
+	// MaxBatch is the largest count of /api/{segment,snowflake}/get/{tag}?count=n; zero
+	// refuses every count.
+	MaxBatch int
 	// Decode splits a snowflake ID for /decodeSnowflakeId.
 	Decode func(id int64) Decoded
 	// Cache returns the segment engine's buffers for /cache and the status page.
@@ -142,6 +145,10 @@ func (s *server) writeID(w http.ResponseWriter, r *http.Request, g idgen.Generat
 		http.Error(w, engine+" engine is not running", http.StatusServiceUnavailable)
 		return
 	}
+	if r.URL.Query().Has("count") {
+		s.writeIDs(w, r, g, engine, tag)
+		return
+	}
 	id, err := g.Next(r.Context(), tag)
 	if err != nil {
 		code := idStatus(err)
@@ -189,6 +196,49 @@ func EngineAccount(err error) string {
 		s = strings.ReplaceAll(s, prefix, "")
 	}
 	return strings.Trim(s, " :")
+}
+
+// writeIDs answers ?count=n, beyond Leaf: n IDs, one per line, or a JSON array of numbers
+// when the client accepts application/json.
+func (s *server) writeIDs(w http.ResponseWriter, r *http.Request, g idgen.Generator, engine, tag string) {
+	raw := r.URL.Query().Get("count")
+	n, err := strconv.Atoi(raw)
+	if err != nil || n < 1 || n > s.MaxBatch {
+		http.Error(w, "count must be an integer between 1 and "+strconv.Itoa(s.MaxBatch)+", got "+strconv.Quote(raw), http.StatusBadRequest)
+		return
+	}
+	ids, err := idgen.NextBatch(r.Context(), g, tag, n, make([]int64, 0, n))
+	if err != nil {
+		code := idStatus(err)
+		if code == http.StatusInternalServerError {
+			s.Logger.WithFields(logrus.Fields{"engine": engine, "tag": tag, "count": n, "error": err}).Warn("ID batch request failed")
+		}
+		http.Error(w, idMessage(err, engine, tag), code)
+		return
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	if acceptsJSON(r) {
+		writeJSON(w, ids)
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	out := make([]byte, 0, 20*len(ids))
+	for _, id := range ids {
+		out = strconv.AppendInt(out, id, 10)
+		out = append(out, '\n')
+	}
+	_, _ = w.Write(out)
+}
+
+// acceptsJSON reports whether the Accept header names application/json.
+func acceptsJSON(r *http.Request) bool {
+	for _, part := range strings.Split(r.Header.Get("Accept"), ",") {
+		mt, _, _ := strings.Cut(part, ";")
+		if strings.EqualFold(strings.TrimSpace(mt), "application/json") {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *server) segmentID(w http.ResponseWriter, r *http.Request) {

@@ -114,6 +114,20 @@ func (c *counting) Next(ctx context.Context, tag string) (int64, error) {
 	return id, nil
 }
 
+// NextBatch passes a batch on (idgen.NextBatch) and counts the IDs it got, also those of
+// a batch cut short by a failure, which are spent.
+func (c *counting) NextBatch(ctx context.Context, tag string, n int, dst []int64) ([]int64, error) {
+	before := len(dst)
+	dst, err := idgen.NextBatch(ctx, c.g, tag, n, dst)
+	if got := len(dst) - before; got > 0 {
+		c.countN(tag, uint64(got))
+	}
+	if err != nil {
+		c.m.IDError(c.engine, err)
+	}
+	return dst, err
+}
+
 // TryNext passes the non-blocking request on (idgen.TryGenerator) and counts the ID it
 // gets; ok=false is no failure (the caller goes on to Next), so it is not counted.
 func (c *counting) TryNext(tag string) (int64, bool) {
@@ -125,14 +139,17 @@ func (c *counting) TryNext(tag string) (int64, bool) {
 }
 
 // count counts one ID of tag.
-func (c *counting) count(tag string) {
+func (c *counting) count(tag string) { c.countN(tag, 1) }
+
+// countN counts k IDs of tag.
+func (c *counting) countN(tag string, k uint64) {
 	if m := c.byTag.Load(); m != nil {
 		if n := (*m)[tag]; n != nil {
-			n.Add(1)
+			n.Add(k)
 			return
 		}
 	}
-	c.counterSlow(tag).Add(1)
+	c.counterSlow(tag).Add(k)
 }
 
 func (c *counting) counterSlow(tag string) *atomic.Uint64 {

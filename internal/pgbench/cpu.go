@@ -30,25 +30,45 @@ func ProcessCPU(pid int) func() (time.Duration, error) {
 		if err != nil {
 			return 0, err
 		}
-		return parseStatCPU(string(b))
+		return parseStatCPU(string(b), false)
 	}
 }
 
-// parseStatCPU reads utime and stime (fields 14 and 15) of a /proc/PID/stat line. The
-// command name (field 2) is in parentheses and may contain spaces, so fields are counted
-// from the last closing parenthesis.
-func parseStatCPU(stat string) (time.Duration, error) {
+// ProcessTreeCPU returns a CPU meter of another process and of its children that have
+// ended and been waited for (cutime and cstime): for the postmaster, the backends of
+// connections that have closed, so that its growth over a run of pgbench -C is what
+// PostgreSQL spent starting, serving and ending those backends.
+func ProcessTreeCPU(pid int) func() (time.Duration, error) {
+	return func() (time.Duration, error) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return 0, err
+		}
+		return parseStatCPU(string(b), true)
+	}
+}
+
+// parseStatCPU reads utime and stime (fields 14 and 15) of a /proc/PID/stat line and,
+// with children, cutime and cstime (16 and 17) too. The command name (field 2) is in
+// parentheses and may contain spaces, so fields are counted from the last closing
+// parenthesis.
+func parseStatCPU(stat string, children bool) (time.Duration, error) {
 	i := strings.LastIndexByte(stat, ')')
 	if i < 0 {
 		return 0, fmt.Errorf("malformed stat line %q", stat)
 	}
 	f := strings.Fields(stat[i+1:])
-	// f[0] is field 3 (state), so utime (14) is f[11] and stime (15) is f[12].
-	if len(f) < 13 {
+	// f[0] is field 3 (state), so utime (14) is f[11], stime (15) f[12], cutime (16)
+	// f[13] and cstime (17) f[14].
+	last := 13
+	if children {
+		last = 15
+	}
+	if len(f) < last {
 		return 0, fmt.Errorf("short stat line %q", stat)
 	}
 	var ticks int64
-	for _, s := range f[11:13] {
+	for _, s := range f[11:last] {
 		n, err := strconv.ParseInt(s, 10, 64)
 		if err != nil {
 			return 0, fmt.Errorf("stat field %q: %w", s, err)

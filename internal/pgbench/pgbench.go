@@ -40,7 +40,13 @@ type Endpoint struct {
 	// transactions, is the hop's own cost per transaction: a figure that, unlike TPS,
 	// does not depend on how many cores pgbench and the server leave it.
 	CPU func() (time.Duration, error)
+	// Units is how many units of work (IDs, say) one transaction of the script does; when
+	// set, ratios compare TPS × Units, so that a batch of 1,000 IDs per transaction is
+	// compared by IDs per second with one ID per transaction.
+	Units int
 }
+
+func (e Endpoint) units() float64 { return float64(max(e.Units, 1)) }
 
 // Group is one workload compared across endpoints; Endpoints[0] is the baseline.
 type Group struct {
@@ -49,6 +55,9 @@ type Group struct {
 	// Prepare, when set, runs before the group's first run (to change a server setting,
 	// say); the function it returns runs after the group's last run.
 	Prepare func(context.Context) (restore func() error, err error)
+	// Clients and Modes, when set, replace the Config's for this group.
+	Clients []int
+	Modes   []string
 }
 
 // Config says how long and how wide each run is.
@@ -82,7 +91,8 @@ func (r Result) CPUPerTx() time.Duration {
 }
 
 var (
-	tpsRe    = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`)
+	// pgbench -C counts the connections in: "(including reconnection times)".
+	tpsRe    = regexp.MustCompile(`tps = ([0-9.]+) \((?:without initial connection time|including reconnection times)\)`)
 	failedRe = regexp.MustCompile(`number of failed transactions: (\d+)`)
 	txRe     = regexp.MustCompile(`number of transactions actually processed: (\d+)`)
 )
@@ -133,8 +143,15 @@ func runGroup(ctx context.Context, cfg Config, bin, dir string, g Group, modes [
 		}()
 	}
 	rounds := max(cfg.Rounds, 1)
+	clientCounts := cfg.Clients
+	if g.Clients != nil {
+		clientCounts = g.Clients
+	}
+	if g.Modes != nil {
+		modes = g.Modes
+	}
 	for _, mode := range modes {
-		for _, clients := range cfg.Clients {
+		for _, clients := range clientCounts {
 			runs := make([][]Result, len(g.Endpoints))
 			for range rounds {
 				for i, e := range g.Endpoints {
@@ -237,7 +254,11 @@ func Table(groups []Group, results []Result) string {
 			continue
 		}
 		base := g.Endpoints[0].Name
+		baseCPU := g.Endpoints[0].CPU != nil
 		fmt.Fprintf(&b, "\n| %s | mode | clients | %s TPS |", g.Name, base)
+		if baseCPU {
+			fmt.Fprintf(&b, " %s CPU µs/tx |", base)
+		}
 		for _, e := range g.Endpoints[1:] {
 			fmt.Fprintf(&b, " %s TPS | %s / %s |", e.Name, e.Name, base)
 			if e.CPU != nil {
@@ -245,6 +266,9 @@ func Table(groups []Group, results []Result) string {
 			}
 		}
 		b.WriteString("\n|---|---|---:|---:|")
+		if baseCPU {
+			b.WriteString("---:|")
+		}
 		for _, e := range g.Endpoints[1:] {
 			b.WriteString("---:|---:|")
 			if e.CPU != nil {
@@ -272,7 +296,11 @@ func Table(groups []Group, results []Result) string {
 		for _, k := range order {
 			row := byKey[k]
 			baseTPS := row[base].TPS
+			baseUnits := g.Endpoints[0].units()
 			fmt.Fprintf(&b, "| | %s | %d | %.0f%s |", k.mode, k.clients, baseTPS, failedNote(row[base]))
+			if baseCPU {
+				fmt.Fprintf(&b, " %.1f |", float64(row[base].CPUPerTx())/float64(time.Microsecond))
+			}
 			for _, e := range g.Endpoints[1:] {
 				r, ok := row[e.Name]
 				if !ok {
@@ -284,7 +312,7 @@ func Table(groups []Group, results []Result) string {
 				}
 				ratio := 0.0
 				if baseTPS > 0 {
-					ratio = r.TPS / baseTPS
+					ratio = r.TPS * e.units() / (baseTPS * baseUnits)
 				}
 				fmt.Fprintf(&b, " %.0f%s | %.2f× |", r.TPS, failedNote(r), ratio)
 				if e.CPU != nil {

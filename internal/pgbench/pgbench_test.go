@@ -24,6 +24,11 @@ tps = 5123.456789 (without initial connection time)
 	if r.TPS != 5123.456789 || r.Failed != 3 || r.Transactions != 51234 || r.Endpoint != "proxy" || r.Clients != 8 {
 		t.Fatalf("parsed %+v", r)
 	}
+	// pgbench -C reports its TPS with the connections counted in.
+	reconnect := "number of transactions actually processed: 860\nlatency average = 5.812 ms\naverage connection time = 4.901 ms\ntps = 171.953212 (including reconnection times)\n"
+	if r, err := parse(reconnect, "proxy", "simple", 1); err != nil || r.TPS != 171.953212 || r.Transactions != 860 {
+		t.Fatalf("pgbench -C output parsed as %+v, %v", r, err)
+	}
 	if _, err := parse("pgbench: error: connection refused", "proxy", "simple", 1); err == nil {
 		t.Fatal("no error for output without tps")
 	}
@@ -54,15 +59,19 @@ func TestMedianAndTable(t *testing.T) {
 
 func TestParseStatCPU(t *testing.T) {
 	// A command name with a space and a parenthesis, as the kernel prints it.
-	stat := "4242 (pg bouncer) S 1 4242 4242 0 -1 4194560 283 0 0 0 150 25 0 0 20 0 1 0 1234 12345678 1000 18446744073709551615"
-	got, err := parseStatCPU(stat)
+	stat := "4242 (pg bouncer) S 1 4242 4242 0 -1 4194560 283 0 0 0 150 25 30 7 20 0 1 0 1234 12345678 1000 18446744073709551615"
+	got, err := parseStatCPU(stat, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if want := 1750 * time.Millisecond; got != want {
 		t.Fatalf("cpu %v, want %v", got, want)
 	}
-	if _, err := parseStatCPU("garbage"); err == nil {
+	// With the children that have ended: cutime 30 and cstime 7 more ticks.
+	if got, err := parseStatCPU(stat, true); err != nil || got != 2120*time.Millisecond {
+		t.Fatalf("cpu with children %v, %v, want 2.12s", got, err)
+	}
+	if _, err := parseStatCPU("garbage", false); err == nil {
 		t.Fatal("no error for a line without a command name")
 	}
 }
@@ -135,5 +144,23 @@ func TestRunPrepareAndRestore(t *testing.T) {
 	}
 	if calls[0] != "prepare" || calls[len(calls)-1] != "restore" {
 		t.Fatalf("calls %v", calls)
+	}
+}
+
+func TestTableBaselineCPU(t *testing.T) {
+	meter := func() (time.Duration, error) { return 0, nil }
+	groups := []Group{{Name: "connect", Endpoints: []Endpoint{{Name: "direct", CPU: meter}, {Name: "proxy", CPU: meter}}}}
+	results := []Result{
+		{Group: "connect", Endpoint: "direct", Mode: "simple", Clients: 1, TPS: 100, Transactions: 500, HopCPU: 3 * time.Second},
+		{Group: "connect", Endpoint: "proxy", Mode: "simple", Clients: 1, TPS: 90, Transactions: 450, HopCPU: 450 * time.Millisecond},
+	}
+	table := Table(groups, results)
+	for _, want := range []string{
+		"| connect | mode | clients | direct TPS | direct CPU µs/tx | proxy TPS | proxy / direct | proxy CPU µs/tx |",
+		"| | simple | 1 | 100 | 6000.0 | 90 | 0.90× | 1000.0 |",
+	} {
+		if !strings.Contains(table, want) {
+			t.Errorf("table lacks %q:\n%s", want, table)
+		}
 	}
 }

@@ -9,34 +9,31 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/sirupsen/logrus"
 
-	"github.com/leafproxy/leafproxy/idgen"
-	"github.com/leafproxy/leafproxy/idgen/segment"
 	"github.com/leafproxy/leafproxy/internal/pgbench"
 	"github.com/leafproxy/leafproxy/migrations"
 	"github.com/leafproxy/leafproxy/proxy"
-	"github.com/leafproxy/leafproxy/rewrite"
 )
 
 // benchTag is the segment tag of the ID workloads; benchFilled is the table whose key the
-// proxy fills from it.
+// proxy fills from it; snowflakeTags are the snowflake tags of the production example.
 const (
-	benchTag    = "bench"
-	benchFilled = "bench_filled"
+	benchTag      = "bench"
+	benchFilled   = "bench_filled"
+	snowflakeTags = "order,pay"
 )
 
-// leafSetup prepares the ID workloads in the database of dbURL (the Leaf schema, a tag, a
-// sequence and two tables) and starts a rewriting proxy whose IDs come from the segment
-// engine. It returns the proxy's URL and a function stopping everything.
-func leafSetup(ctx context.Context, dbURL string) (string, func(), error) {
+// prepareLeaf prepares the database of dbURL for leafproxy and the ID workloads: the
+// Leaf schema, a segment tag, a sequence and the tables the workloads and fill rules
+// name.
+func prepareLeaf(ctx context.Context, dbURL string) error {
 	if err := migrations.Up(dbURL); err != nil {
-		return "", nil, fmt.Errorf("migrate: %w", err)
+		return fmt.Errorf("migrate: %w", err)
 	}
 	conn, err := pgx.Connect(ctx, dbURL)
 	if err != nil {
-		return "", nil, err
+		return err
 	}
 	defer conn.Close(ctx)
 	for _, stmt := range []string{
@@ -44,66 +41,47 @@ func leafSetup(ctx context.Context, dbURL string) (string, func(), error) {
 		"CREATE SEQUENCE IF NOT EXISTS bench_seq",
 		"CREATE TABLE IF NOT EXISTS bench_serial (id bigserial PRIMARY KEY, item text)",
 		"CREATE TABLE IF NOT EXISTS " + benchFilled + " (id int8 PRIMARY KEY, item text)",
+		"CREATE TABLE IF NOT EXISTS orders (id int8 PRIMARY KEY, item text)",
 	} {
 		if _, err := conn.Exec(ctx, stmt); err != nil {
-			return "", nil, fmt.Errorf("%s: %w", stmt, err)
+			return fmt.Errorf("%s: %w", stmt, err)
 		}
 	}
-
-	pool, err := pgxpool.New(ctx, dbURL)
-	if err != nil {
-		return "", nil, err
-	}
-	log := logrus.New()
-	log.SetOutput(io.Discard)
-	engine, err := segment.New(segment.Settings{Store: segment.NewPostgresStore(pool), Logger: log})
-	if err != nil {
-		pool.Close()
-		return "", nil, err
-	}
-	if err := engine.Start(ctx); err != nil {
-		pool.Close()
-		return "", nil, err
-	}
-	rw, err := rewrite.New(rewrite.Settings{Fill: []rewrite.FillRule{{Table: benchFilled, Column: "id", Tag: benchTag}}})
-	if err != nil {
-		return "", nil, err
-	}
-	proxyURL, stopProxy, err := serveProxy(dbURL, func(s *proxy.Server) {
-		s.Rewriter = rw
-		s.IDs = idgen.NewRouter(engine, nil, nil)
-	})
-	if err != nil {
-		return "", nil, err
-	}
-	stop := func() {
-		stopProxy()
-		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = engine.Close(cctx)
-		pool.Close()
-	}
-	return proxyURL, stop, nil
+	return nil
 }
 
-// leafGroups are the ID workloads: a leaf_next through the proxy against nextval on the
-// server, and an INSERT whose key the proxy fills against one with a bigserial default.
-func leafGroups(dbURL, leafURL string) []pgbench.Group {
+// leafGroups are the ID workloads: a leaf_next through leafproxy against nextval on the
+// server, and an INSERT whose key leafproxy fills against one with a bigserial default.
+func leafGroups(dbURL string, leaf pgbench.Endpoint) []pgbench.Group {
 	return []pgbench.Group{
 		{Name: "next-id", Endpoints: []pgbench.Endpoint{
 			{Name: "direct nextval", URL: dbURL, Script: "SELECT nextval('bench_seq');\n"},
-			{Name: "proxy leaf_next", URL: leafURL, Script: "SELECT leaf_next('" + benchTag + "');\n", CPU: pgbench.SelfCPU},
+			{Name: "leafproxy leaf_next", URL: leaf.URL, Script: "SELECT leaf_next('" + benchTag + "');\n", CPU: leaf.CPU},
 		}},
-		insertGroup("insert", dbURL, leafURL),
+		insertGroup("insert", dbURL, leaf),
+		batchGroup(leaf),
 	}
 }
 
-// insertGroup is a filled INSERT through the proxy against a bigserial default on the
+// batchSize is the n of the next-batch group's leaf_next('bench', n).
+const batchSize = 1000
+
+// batchGroup compares SELECT leaf_next('bench', 1000) with the single form, both through
+// leafproxy, by IDs per second (the ratio column counts 1,000 IDs per batch).
+func batchGroup(leaf pgbench.Endpoint) pgbench.Group {
+	return pgbench.Group{Name: "next-batch", Endpoints: []pgbench.Endpoint{
+		{Name: "leafproxy leaf_next", URL: leaf.URL, Script: "SELECT leaf_next('" + benchTag + "');\n", CPU: leaf.CPU},
+		{Name: fmt.Sprintf("leafproxy leaf_next(%d)", batchSize), URL: leaf.URL, Units: batchSize,
+			Script: fmt.Sprintf("SELECT leaf_next('%s', %d);\n", benchTag, batchSize), CPU: leaf.CPU},
+	}}
+}
+
+// insertGroup is a filled INSERT through leafproxy against a bigserial default on the
 // server.
-func insertGroup(name, dbURL, leafURL string) pgbench.Group {
+func insertGroup(name, dbURL string, leaf pgbench.Endpoint) pgbench.Group {
 	return pgbench.Group{Name: name, Endpoints: []pgbench.Endpoint{
 		{Name: "direct bigserial", URL: dbURL, Script: "INSERT INTO bench_serial (item) VALUES ('book');\n"},
-		{Name: "proxy filled", URL: leafURL, Script: "INSERT INTO " + benchFilled + " (item) VALUES ('book');\n", CPU: pgbench.SelfCPU},
+		{Name: "leafproxy filled", URL: leaf.URL, Script: "INSERT INTO " + benchFilled + " (item) VALUES ('book');\n", CPU: leaf.CPU},
 	}}
 }
 
@@ -111,8 +89,8 @@ func insertGroup(name, dbURL, leafURL string) pgbench.Group {
 // (fsync, synchronous_commit and full_page_writes on), as in production; the test
 // servers run with all three off. The settings are changed with ALTER SYSTEM for the
 // group's runs and reset after them.
-func durableInsertGroup(serverURL, dbURL, leafURL string) pgbench.Group {
-	g := insertGroup("insert-durable", dbURL, leafURL)
+func durableInsertGroup(serverURL, dbURL string, leaf pgbench.Endpoint) pgbench.Group {
+	g := insertGroup("insert-durable", dbURL, leaf)
 	g.Prepare = func(ctx context.Context) (func() error, error) {
 		if err := setDurability(ctx, serverURL, "ALTER SYSTEM SET %s = on", "on"); err != nil {
 			return nil, err
@@ -187,7 +165,7 @@ func settingsAre(ctx context.Context, serverURL, want string) (bool, error) {
 	return true, nil
 }
 
-// serveProxy serves a proxy on a loopback port in front of the server of dbURL.
+// serveProxy serves a bare proxy.Server on a loopback port in front of the server of dbURL.
 func serveProxy(dbURL string, configure func(*proxy.Server)) (string, func(), error) {
 	u, err := url.Parse(dbURL)
 	if err != nil {

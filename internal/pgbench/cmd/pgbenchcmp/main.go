@@ -1,26 +1,35 @@
 // Command pgbenchcmp measures throughput with pgbench and prints markdown tables of TPS
 // and ratios to a baseline, for every protocol mode and client count:
 //
-//   - select-only: `pgbench -S` against the server directly, through leafproxy's proxy
-//     (pass-through, started in process) and through PgBouncer in session mode, each hop
-//     reaching the server over TCP;
+//   - select-only: `pgbench -S` against the server directly, through the leafproxy binary
+//     started as the README's production example starts it (`leafproxy serve` with a
+//     store, snowflake tags and fill rules), through PgBouncer in session mode, and
+//     through a bare relay (a proxy.Server in this process with no rewriter, no ID source
+//     and no metrics: a lower bound, not what users run), each hop reaching the server
+//     over TCP;
 //
-//   - select-only-unix: the same with the proxy and PgBouncer reaching the server over
-//     its Unix socket, as when they run on the database host;
+//   - select-only-unix: the same with the hops reaching the server over its Unix socket,
+//     as when they run on the database host;
 //
-//   - select-only-tls: the same with TLS on every leg: pgbench to the server, the proxy
-//     or PgBouncer, and the hops to the server;
+//   - select-only-tls: the same with TLS on every leg: pgbench to the server or the hop,
+//     and the hops to the server;
 //
-//   - next-id: SELECT leaf_next('bench') through a rewriting proxy whose IDs come from the
-//     segment engine, against SELECT nextval('bench_seq') on the server;
+//   - connect: `pgbench -C -S`, one client, a new connection per transaction, over TCP:
+//     the CPU per transaction is the cost of a connection, PostgreSQL's own (the
+//     postmaster and its ended backends) beside the hops';
 //
-//   - insert: an INSERT whose key the proxy fills, against one with a bigserial default;
+//   - next-id: SELECT leaf_next('bench') through leafproxy (segment engine), against
+//     SELECT nextval('bench_seq') on the server;
+//
+//   - insert: an INSERT whose key leafproxy fills, against one with a bigserial default;
 //
 //   - insert-durable: the same on a server with PostgreSQL's default durability
 //     (fsync, synchronous_commit and full_page_writes on) instead of the test server's.
 //
-// For the proxy and PgBouncer, a column gives the CPU time the hop itself spent per
-// transaction, a cost that does not depend on how many cores the machine has left it.
+// For every hop a column gives the CPU time the hop's process spent per transaction
+// (/proc/PID/stat read before and after each pgbench run, divided by the transactions
+// pgbench reports; for the bare relay, this process's own), a cost that does not depend
+// on how many cores the machine has left it.
 //
 //	go run ./internal/pgbench/cmd/pgbenchcmp -url postgres://postgres@127.0.0.1:5432/postgres -T 10s -rounds 3
 package main
@@ -66,12 +75,13 @@ func run() error {
 	rounds := flag.Int("rounds", 3, "runs per row, endpoints interleaved; the median is reported")
 	leaf := flag.Bool("leaf", true, "add the ID rows: leaf_next vs nextval, filled INSERT vs bigserial")
 	noBouncer := flag.Bool("no-pgbouncer", false, "leave PgBouncer out")
-	goroutines := flag.Bool("goroutine-relay", false, "add a select-only row for the proxy with an event loop turned off (a goroutine pair per session)")
-	only := flag.String("groups", "", "comma-separated groups to run (select-only, select-only-unix, select-only-tls, next-id, insert, insert-durable); empty runs all")
+	goroutines := flag.Bool("goroutine-relay", false, "add a select-only column for leafproxy with its event loops turned off (a goroutine pair per session)")
+	only := flag.String("groups", "", "comma-separated groups to run (select-only, select-only-unix, select-only-tls, connect, next-id, insert, insert-durable); empty runs all")
 	unixSocket := flag.Bool("unix", true, "add a select-only group in which the proxy and PgBouncer reach the server over its Unix socket")
 	withTLS := flag.Bool("tls", true, "add a select-only group with TLS on every leg (the server must accept TLS)")
 	durable := flag.Bool("durable", true, "add an insert group on a server with fsync, synchronous_commit and full_page_writes on (changed with ALTER SYSTEM for the group, then reset)")
-	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (the proxy's relay) to this file")
+	connect := flag.Bool("connect", true, "add a connect group: pgbench -C -S, one client, a new connection per transaction, with PostgreSQL's CPU per connection (the postmaster and its ended backends) beside the proxy's and PgBouncer's")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of this process (the bare relay) to this file")
 	flag.Parse()
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
@@ -108,23 +118,45 @@ func run() error {
 		return fmt.Errorf("pgbench -i: %w\n%s", err, out)
 	}
 
-	endpoints, stopHops, err := selectOnly(ctx, dbURL, "", nil, !*noBouncer, *goroutines)
+	if err := prepareLeaf(ctx, dbURL); err != nil {
+		return err
+	}
+	binDir, err := os.MkdirTemp("", "leafproxy-bench-bin-")
 	if err != nil {
 		return err
 	}
-	defer stopHops()
-	groups := []pgbench.Group{{Name: "select-only", Endpoints: endpoints}}
+	defer os.RemoveAll(binDir)
+	fmt.Fprintln(os.Stderr, "building leafproxy")
+	bin, err := pgbench.BuildLeafproxy(ctx, binDir)
+	if err != nil {
+		return err
+	}
+	h := hops{bin: bin, dbURL: dbURL, bouncer: !*noBouncer, goroutines: *goroutines}
+
+	tcp, err := h.selectOnly(ctx, "select-only", "", nil)
+	if err != nil {
+		return err
+	}
+	defer tcp.stop()
+	groups := []pgbench.Group{tcp.group}
+	if *connect {
+		g, err := connectGroup(ctx, dbURL, tcp.group)
+		if err != nil {
+			return err
+		}
+		groups = append(groups, g)
+	}
 	if *unixSocket {
 		dir, err := socketDir(ctx, dbURL)
 		if err != nil {
 			return err
 		}
-		unixEndpoints, stopUnix, err := selectOnly(ctx, dbURL, dir, nil, !*noBouncer, *goroutines)
+		unix, err := h.selectOnly(ctx, "select-only-unix", dir, nil)
 		if err != nil {
 			return err
 		}
-		defer stopUnix()
-		groups = append(groups, pgbench.Group{Name: "select-only-unix", Endpoints: unixEndpoints})
+		defer unix.stop()
+		groups = append(groups, unix.group)
 	}
 	if *withTLS {
 		dir, err := os.MkdirTemp("", "leafproxy-bench-tls-")
@@ -136,28 +168,17 @@ func run() error {
 		if err != nil {
 			return err
 		}
-		tlsEndpoints, stopTLS, err := selectOnly(ctx, dbURL, "", &pgbench.TLSFiles{CertFile: certs.CertFile, KeyFile: certs.KeyFile}, !*noBouncer, *goroutines)
+		tlsHops, err := h.selectOnly(ctx, "select-only-tls", "", &pgbench.TLSFiles{CertFile: certs.CertFile, KeyFile: certs.KeyFile})
 		if err != nil {
 			return err
 		}
-		defer stopTLS()
-		groups = append(groups, pgbench.Group{Name: "select-only-tls", Endpoints: tlsEndpoints})
-	}
-	var leafURL string
-	if *leaf {
-		u, stopLeaf, err := leafSetup(ctx, dbURL)
-		if err != nil {
-			return err
-		}
-		defer stopLeaf()
-		leafURL = u
-		// The proxy as leafproxy serve runs it, rewriter on, on traffic it does not rewrite.
-		groups[0].Endpoints = append(groups[0].Endpoints, pgbench.Endpoint{Name: "proxy rewriting", URL: leafURL, Args: []string{"-S"}, CPU: pgbench.SelfCPU})
+		defer tlsHops.stop()
+		groups = append(groups, tlsHops.group)
 	}
 	if *leaf {
-		groups = append(groups, leafGroups(dbURL, leafURL)...)
+		groups = append(groups, leafGroups(dbURL, tcp.leafproxy)...)
 		if *durable {
-			groups = append(groups, durableInsertGroup(*serverURL, dbURL, leafURL))
+			groups = append(groups, durableInsertGroup(*serverURL, dbURL, tcp.leafproxy))
 		}
 	}
 	if *only != "" {
@@ -174,72 +195,178 @@ func run() error {
 	return err
 }
 
-// selectOnly starts the hops of a select-only group (the proxy and, with bouncer, PgBouncer)
-// in front of the database of dbURL and returns the group's endpoints, the database
-// itself first. A non-empty socketDir makes the hops reach the server through its Unix
-// socket there. With tlsFiles every leg uses TLS: pgbench requires it, the hops offer
-// that certificate and require TLS from the server.
-func selectOnly(ctx context.Context, dbURL, socketDir string, tlsFiles *pgbench.TLSFiles, bouncer, goroutines bool) ([]pgbench.Endpoint, func(), error) {
-	upstream := ""
+// hops starts what a select-only group compares: leafproxy, PgBouncer and the bare relay.
+type hops struct {
+	bin        string // the leafproxy binary
+	dbURL      string
+	bouncer    bool // add PgBouncer
+	goroutines bool // add leafproxy with its event loops off
+}
+
+// selectOnlyGroup is a started select-only group.
+type selectOnlyGroup struct {
+	group     pgbench.Group
+	leafproxy pgbench.Endpoint // the leafproxy endpoint, for the ID workloads
+	stop      func()
+}
+
+// selectOnly starts the hops of a select-only group in front of the database and returns
+// the group, the database itself first, then leafproxy as the README's production
+// example runs it, PgBouncer in session mode, and the bare relay (a proxy.Server in this
+// process with no rewriter, no ID source and no metrics: a lower bound of the proxy's
+// cost, not what users run). A non-empty socketDir makes the hops reach the server
+// through its Unix socket there. With tlsFiles every leg uses TLS: pgbench requires it,
+// the hops offer that certificate and require TLS from the server.
+func (h hops) selectOnly(ctx context.Context, name, socketDir string, tlsFiles *pgbench.TLSFiles) (selectOnlyGroup, error) {
+	g := selectOnlyGroup{group: pgbench.Group{Name: name}}
+	var stops []func()
+	g.stop = func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}
+	upstream, err := hostOf(h.dbURL)
+	if err != nil {
+		return g, err
+	}
 	if socketDir != "" {
-		port, err := serverPort(dbURL)
+		port, err := serverPort(h.dbURL)
 		if err != nil {
-			return nil, nil, err
+			return g, err
 		}
 		upstream = filepath.Join(socketDir, ".s.PGSQL."+port)
-	}
-	var certs []tls.Certificate
-	if tlsFiles != nil {
-		cert, err := tls.LoadX509KeyPair(tlsFiles.CertFile, tlsFiles.KeyFile)
-		if err != nil {
-			return nil, nil, err
-		}
-		certs = []tls.Certificate{cert}
-	}
-	hop := func(goroutines bool) func(s *proxy.Server) {
-		return func(s *proxy.Server) {
-			s.GoroutineRelay = goroutines
-			if upstream != "" {
-				s.Upstream = upstream
-			}
-			if certs != nil {
-				s.TLSConfig = &tls.Config{Certificates: certs}
-				s.UpstreamSSLMode = proxy.SSLRequire
-			}
-		}
 	}
 	clientURL := func(u string) string { return u }
 	if tlsFiles != nil {
 		clientURL = func(u string) string { return withSSLMode(u, "require") }
 	}
-	proxyURL, stopProxy, err := serveProxy(dbURL, hop(false))
+	add := func(e pgbench.Endpoint) {
+		e.URL = clientURL(e.URL)
+		e.Args = []string{"-S"}
+		g.group.Endpoints = append(g.group.Endpoints, e)
+	}
+	add(pgbench.Endpoint{Name: "direct", URL: h.dbURL})
+
+	args := productionArgs(h.dbURL, upstream, tlsFiles)
+	lp, err := pgbench.StartLeafproxy(ctx, h.bin, args...)
 	if err != nil {
-		return nil, nil, err
+		return g, err
 	}
-	endpoints := []pgbench.Endpoint{
-		{Name: "direct", URL: clientURL(dbURL), Args: []string{"-S"}},
-		{Name: "proxy", URL: clientURL(proxyURL), Args: []string{"-S"}, CPU: pgbench.SelfCPU},
-	}
-	if goroutines {
-		url, stop, err := serveProxy(dbURL, hop(true))
+	stops = append(stops, func() { _ = lp.Close() })
+	g.leafproxy = pgbench.Endpoint{Name: "leafproxy", URL: lp.URL(h.dbURL), CPU: lp.CPU}
+	add(g.leafproxy)
+	if h.goroutines {
+		lg, err := pgbench.StartLeafproxy(ctx, h.bin, append(args, "--event-loops", "-1")...)
 		if err != nil {
-			stopProxy()
-			return nil, nil, err
+			g.stop()
+			return g, err
 		}
-		prev := stopProxy
-		stopProxy = func() { stop(); prev() }
-		endpoints = append(endpoints, pgbench.Endpoint{Name: "proxy goroutines", URL: clientURL(url), Args: []string{"-S"}, CPU: pgbench.SelfCPU})
+		stops = append(stops, func() { _ = lg.Close() })
+		add(pgbench.Endpoint{Name: "leafproxy goroutines", URL: lg.URL(h.dbURL), CPU: lg.CPU})
 	}
-	if !bouncer {
-		return endpoints, stopProxy, nil
+	if h.bouncer {
+		b, err := pgbench.StartPgBouncer(ctx, h.dbURL, socketDir, tlsFiles)
+		if err != nil {
+			g.stop()
+			return g, err
+		}
+		stops = append(stops, func() { _ = b.Close() })
+		add(pgbench.Endpoint{Name: "pgbouncer", URL: b.URL(h.dbURL), CPU: b.CPU})
 	}
-	b, err := pgbench.StartPgBouncer(ctx, dbURL, socketDir, tlsFiles)
+	bareURL, stopBare, err := serveBareRelay(h.dbURL, upstream, tlsFiles)
 	if err != nil {
-		stopProxy()
-		return nil, nil, err
+		g.stop()
+		return g, err
 	}
-	endpoints = append(endpoints, pgbench.Endpoint{Name: "pgbouncer", URL: clientURL(b.URL(dbURL)), Args: []string{"-S"}, CPU: b.CPU})
-	return endpoints, func() { b.Close(); stopProxy() }, nil
+	stops = append(stops, stopBare)
+	add(pgbench.Endpoint{Name: "bare relay (lower bound)", URL: bareURL, CPU: pgbench.SelfCPU})
+	return g, nil
+}
+
+// productionArgs are the serve arguments of the README's production example (a store,
+// snowflake tags, fill rules, the default worker source) in front of upstream. The
+// upstream leg is TLS exactly when the group's is: sslmode disable otherwise, so that
+// the proxy is compared with a PgBouncer that talks plaintext to the server.
+func productionArgs(dbURL, upstream string, tlsFiles *pgbench.TLSFiles) []string {
+	args := []string{"--upstream", upstream, "--store", dbURL,
+		"--snowflake-tags", snowflakeTags, "--fill", "orders.id=order", "--fill", benchFilled + ".id=" + benchTag}
+	if tlsFiles == nil {
+		return append(args, "--upstream-sslmode", "disable")
+	}
+	return append(args, "--upstream-sslmode", "require", "--tls-cert", tlsFiles.CertFile, "--tls-key", tlsFiles.KeyFile)
+}
+
+// serveBareRelay serves an in-process proxy.Server with nothing but the relay in front
+// of upstream.
+func serveBareRelay(dbURL, upstream string, tlsFiles *pgbench.TLSFiles) (string, func(), error) {
+	var cfg *tls.Config
+	if tlsFiles != nil {
+		cert, err := tls.LoadX509KeyPair(tlsFiles.CertFile, tlsFiles.KeyFile)
+		if err != nil {
+			return "", nil, err
+		}
+		cfg = &tls.Config{Certificates: []tls.Certificate{cert}}
+	}
+	return serveProxy(dbURL, func(s *proxy.Server) {
+		s.Upstream = upstream
+		if cfg != nil {
+			s.TLSConfig = cfg
+			s.UpstreamSSLMode = proxy.SSLRequire
+		}
+	})
+}
+
+// hostOf returns the host:port of rawURL.
+func hostOf(rawURL string) (string, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "", err
+	}
+	return u.Host, nil
+}
+
+// connectGroup is pgbench -C -S with one client in simple mode against the endpoints of
+// the TCP select-only group (the bare relay left out): every transaction opens a new
+// connection, so the CPU per transaction is the cost of a connection. Direct, the meter
+// is the postmaster with its ended children: what PostgreSQL spends starting, serving
+// and ending a backend.
+func connectGroup(ctx context.Context, dbURL string, tcp pgbench.Group) (pgbench.Group, error) {
+	pid, err := postmasterPID(ctx, dbURL)
+	if err != nil {
+		return pgbench.Group{}, err
+	}
+	g := pgbench.Group{Name: "connect", Clients: []int{1}, Modes: []string{"simple"}}
+	for _, e := range tcp.Endpoints {
+		switch {
+		case e.Name == "direct":
+			e.CPU = pgbench.ProcessTreeCPU(pid)
+		case strings.HasPrefix(e.Name, "bare relay"):
+			continue
+		}
+		e.Args = []string{"-C", "-S"}
+		g.Endpoints = append(g.Endpoints, e)
+	}
+	return g, nil
+}
+
+// postmasterPID reads the process ID of the server's postmaster from postmaster.pid in
+// its data directory.
+func postmasterPID(ctx context.Context, dbURL string) (int, error) {
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close(ctx)
+	var dir string
+	if err := conn.QueryRow(ctx, "SELECT current_setting('data_directory')").Scan(&dir); err != nil {
+		return 0, err
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "postmaster.pid"))
+	if err != nil {
+		return 0, err
+	}
+	first, _, _ := strings.Cut(string(b), "\n")
+	return strconv.Atoi(strings.TrimSpace(first))
 }
 
 // withSSLMode returns rawURL with its sslmode set.

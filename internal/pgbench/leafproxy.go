@@ -1,0 +1,126 @@
+package pgbench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// Leafproxy is a `leafproxy serve` process, the binary users run, listening on a free
+// loopback port with its admin server on another.
+type Leafproxy struct {
+	Addr     string // host:port of the PostgreSQL listener
+	HTTPAddr string // host:port of the admin server
+	dir      string
+	cmd      *exec.Cmd
+	done     chan error
+}
+
+// BuildLeafproxy builds the leafproxy command of this module into dir and returns the
+// binary's path.
+func BuildLeafproxy(ctx context.Context, dir string) (string, error) {
+	bin := filepath.Join(dir, "leafproxy")
+	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/leafproxy/leafproxy/cmd/leafproxy").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("go build: %w\n%s", err, out)
+	}
+	return bin, nil
+}
+
+// StartLeafproxy runs `bin serve` with args (everything but --listen and --http, which it
+// chooses) and waits until /readyz answers 200. The process logs to a file in its own
+// directory, which the error of a failed start quotes.
+func StartLeafproxy(ctx context.Context, bin string, args ...string) (*Leafproxy, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	httpPort, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "leafproxy-bench-")
+	if err != nil {
+		return nil, err
+	}
+	p := &Leafproxy{
+		Addr:     net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
+		HTTPAddr: net.JoinHostPort("127.0.0.1", strconv.Itoa(httpPort)),
+		dir:      dir,
+		done:     make(chan error, 1),
+	}
+	log, err := os.Create(filepath.Join(dir, "leafproxy.log"))
+	if err != nil {
+		p.Close()
+		return nil, err
+	}
+	defer log.Close()
+	p.cmd = exec.Command(bin, append([]string{"serve", "--listen", p.Addr, "--http", p.HTTPAddr}, args...)...)
+	p.cmd.Stdout, p.cmd.Stderr = log, log
+	p.cmd.Env = append(os.Environ(), "TMPDIR="+dir)
+	if err := p.cmd.Start(); err != nil {
+		p.Close()
+		return nil, err
+	}
+	go func() { p.done <- p.cmd.Wait() }()
+	if err := p.waitReady(ctx); err != nil {
+		out, _ := os.ReadFile(log.Name())
+		p.Close()
+		return nil, fmt.Errorf("leafproxy did not start: %w\n%s", err, out)
+	}
+	return p, nil
+}
+
+// waitReady waits until /readyz answers 200 or the process exits.
+func (p *Leafproxy) waitReady(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	client := &http.Client{Timeout: 10 * time.Second}
+	for {
+		resp, err := client.Get("http://" + p.HTTPAddr + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case err := <-p.done:
+			return errors.Join(errors.New("process exited"), err)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// Pid is the process's ID.
+func (p *Leafproxy) Pid() int { return p.cmd.Process.Pid }
+
+// CPU is a CPU meter of the leafproxy process.
+func (p *Leafproxy) CPU() (time.Duration, error) { return ProcessCPU(p.cmd.Process.Pid)() }
+
+// URL returns serverURL pointed at the proxy.
+func (p *Leafproxy) URL(serverURL string) string { return withHost(serverURL, p.Addr) }
+
+// Close stops the proxy (SIGTERM, a graceful shutdown) and removes its directory.
+func (p *Leafproxy) Close() error {
+	if p.cmd != nil && p.cmd.Process != nil {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(30 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+	}
+	return os.RemoveAll(p.dir)
+}

@@ -13,7 +13,7 @@ build:
 	$(GO) build -o $(BIN) ./cmd/leafproxy
 
 deps:
-	scripts/install-deps.sh --browser
+	scripts/install-deps.sh
 
 ## test: install PostgreSQL and ZooKeeper when missing, start private instances, run every test
 test: deps

@@ -365,7 +365,7 @@ func (l *Load) client(ctx context.Context, p *Proxy, n int) {
 	}()
 	for ctx.Err() == nil {
 		if conn == nil || conn.IsClosed() {
-			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 			c, err := pgx.Connect(cctx, url)
 			cancel()
 			if err != nil {

@@ -174,7 +174,7 @@ func (p *Proxy) Start() time.Duration {
 		// The command says so itself when a feature (a worker source, say) is not built
 		// in yet: that is a missing feature, not a failure of one.
 		if m := notInBuild.FindString(p.LogTail(20)); m != "" {
-			p.t.Skipf("proxy %s: the binary says %q", p.Name, m)
+			testenv.SkipOrFail(p.t, "proxy %s: the binary says %q", p.Name, m)
 		}
 		p.t.Fatalf("proxy %s: %v\nlog:\n%s", p.Name, err, p.LogTail(60))
 	}
@@ -293,7 +293,7 @@ func (p *Proxy) readyOnce(client *http.Client) error {
 			return err
 		}
 	}
-	conn, err := net.DialTimeout("tcp", p.Addr(), time.Second)
+	conn, err := net.DialTimeout("tcp", p.Addr(), 10*time.Second)
 	if err != nil {
 		return err
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/leafproxy/leafproxy/internal/testenv"
 	"github.com/leafproxy/leafproxy/migrations"
 )
 
@@ -34,6 +35,9 @@ func runLeafproxy(t testing.TB, args ...string) (string, error) {
 func migrateUp(t testing.TB, dsn string) {
 	t.Helper()
 	if !hasFlag(t, "migrate up", "dsn") && !hasFlag(t, "migrate", "dsn") {
+		if testenv.UnderCI() {
+			t.Fatal("leafproxy has no `migrate up --dsn` command: required under CI")
+		}
 		t.Logf("leafproxy has no `migrate up --dsn` yet: applying the migrations package directly")
 		if err := migrations.Up(dsn); err != nil {
 			t.Fatalf("migrations.Up: %v", err)
@@ -50,6 +54,9 @@ func migrateUp(t testing.TB, dsn string) {
 func addTag(t testing.TB, dsn, name string, step int) {
 	t.Helper()
 	if !hasFlag(t, "tag add", "step") {
+		if testenv.UnderCI() {
+			t.Fatal("leafproxy has no `tag add --step` command: required under CI")
+		}
 		t.Logf("leafproxy has no `tag add --step` yet: inserting tag %s into leaf_alloc directly", name)
 		execSQL(t, dsn, "INSERT INTO leaf_alloc (biz_tag, step, description) VALUES ($1, $2, 'e2e')", name, step)
 		return
@@ -209,13 +216,13 @@ func quoteList(xs []string) string {
 	return strings.Join(q, ", ")
 }
 
-// requireRewriting skips the test when the proxy forwards leaf_next to PostgreSQL
-// unchanged, which PostgreSQL answers with 42883 (no such function): the binary does not
-// intercept the SQL surface yet. Any other failure of the probe fails the test.
+// requireRewriting skips the test (fails it under CI) when the proxy forwards leaf_next to
+// PostgreSQL unchanged, which PostgreSQL answers with 42883 (no such function): the binary
+// does not intercept the SQL surface. Any other failure of the probe fails the test.
 func requireRewriting(t testing.TB, p *Proxy, dbURL, tag string) {
 	t.Helper()
 	if reason := rewritingMissing(t, p, dbURL, tag); reason != "" {
-		t.Skip(reason)
+		testenv.SkipOrFail(t, "%s", reason)
 	}
 }
 

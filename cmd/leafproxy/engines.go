@@ -37,7 +37,9 @@ func (a *app) workerSource() (worker.Source, error) {
 	case config.WorkerPostgres:
 		return wpostgres.New(wpostgres.Settings{
 			Pool:   a.pool,
+			TTL:    a.cfg.WorkerLeaseTTL, // 0: the source's default
 			Holder: a.cfg.ZooKeeperName + "@" + addr,
+			Now:    a.now, // the lease's deadline is checked on the engine's clock
 			Logger: a.log,
 			Hooks:  hooks,
 		})

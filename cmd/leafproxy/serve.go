@@ -108,7 +108,7 @@ type app struct {
 	snowflake *snowflake.Engine
 	router    *idgen.Router
 	clock     snowflake.Clock  // nil: the system clock
-	now       func() time.Time // the wall clock of the worker sources; nil: time.Now
+	now       func() time.Time // the clock of the worker sources (the engine's); nil: time.Now
 	debug     map[string]http.Handler
 	proxy     *proxy.Server
 	http      *http.Server

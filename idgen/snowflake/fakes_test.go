@@ -84,7 +84,6 @@ func (s *fakeSource) Acquire(ctx context.Context) (worker.Lease, error) {
 		return nil, s.fail
 	}
 	l := &fakeLease{id: s.id, hw: s.highWater, done: make(chan struct{})}
-	l.held.Store(true)
 	s.leases = append(s.leases, l)
 	return l, nil
 }
@@ -98,26 +97,40 @@ func (s *fakeSource) Lease(i int) *fakeLease {
 	return s.leases[i]
 }
 
+// fakeLease never expires until the test gives it a deadline (setValidUntil) or loses it.
 type fakeLease struct {
-	id, hw   int64
-	recorded atomic.Int64
-	held     atomic.Bool
-	closed   atomic.Bool
-	done     chan struct{}
-	loseOnce sync.Once
+	id, hw     int64
+	recorded   atomic.Int64
+	validUntil atomic.Pointer[time.Time] // nil: never expires
+	closed     atomic.Bool
+	done       chan struct{}
+	loseOnce   sync.Once
 }
 
-func (l *fakeLease) WorkerID() int64       { return l.id }
-func (l *fakeLease) HighWater() int64      { return l.hw }
-func (l *fakeLease) Record(ms int64)       { worker.RecordMax(&l.recorded, ms) }
-func (l *fakeLease) Held() bool            { return l.held.Load() }
+func (l *fakeLease) WorkerID() int64  { return l.id }
+func (l *fakeLease) HighWater() int64 { return l.hw }
+func (l *fakeLease) Record(ms int64)  { worker.RecordMax(&l.recorded, ms) }
+func (l *fakeLease) ValidUntil() time.Time {
+	if t := l.validUntil.Load(); t != nil {
+		return *t
+	}
+	return time.Time{}
+}
+func (l *fakeLease) setValidUntil(t time.Time) { l.validUntil.Store(&t) }
+
+// fence makes the lease invalid from the beginning of time, as a source does while it
+// cannot prove ownership.
+func (l *fakeLease) fence() { l.setValidUntil(time.Unix(0, 1)) }
+
+// regain makes the lease valid for good again.
+func (l *fakeLease) regain()               { l.validUntil.Store(nil) }
 func (l *fakeLease) Done() <-chan struct{} { return l.done }
 func (l *fakeLease) Close(context.Context) error {
 	l.closed.Store(true)
 	return nil
 }
 func (l *fakeLease) lose() {
-	l.held.Store(false)
+	l.fence()
 	l.loseOnce.Do(func() { close(l.done) })
 }
 

@@ -9,6 +9,13 @@
 // so stepping the wall clock while running changes nothing; the wall clock matters at
 // Start and, through the mark, at the next Start.
 //
+// Fencing: no ID is ever stamped with a time at or after its lease's valid-until
+// (worker.Lease.ValidUntil). The engine reads the clock once per ID, and that one reading
+// both gives the ID its time and is compared with the deadline, under the engine's lock.
+// Nothing else decides: a goroutine that would notice an expired lease may not have run
+// yet after a pause (SIGSTOP, VM freeze, a long GC), but the first ID after the pause
+// reads a clock past the deadline and is refused with idgen.ErrWorkerNotHeld.
+//
 // TryNext is Next for callers that must never block: where Next would wait (clock behind
 // the last ID, sequence used up in this millisecond) or fail, it answers false at once.
 package snowflake
@@ -160,9 +167,28 @@ func (e *Engine) install(lease worker.Lease) {
 	e.highWater = lease.HighWater()
 }
 
-// elapsed returns the engine's time in ms since the epoch.
-func (e *Engine) elapsed() int64 {
-	return (e.baseNanos + int64(e.clock.Since(e.base))) / int64(time.Millisecond)
+// reading reads the clock: the time since base. An ID's time and the check of its lease
+// come from one reading.
+func (e *Engine) reading() time.Duration { return e.clock.Since(e.base) }
+
+// millisAt returns the engine's time of reading r in ms since the epoch.
+func (e *Engine) millisAt(r time.Duration) int64 {
+	return (e.baseNanos + int64(r)) / int64(time.Millisecond)
+}
+
+// elapsed returns the engine's time now in ms since the epoch.
+func (e *Engine) elapsed() int64 { return e.millisAt(e.reading()) }
+
+// fence refuses the clock reading r unless it is before the lease's deadline; e.mu must be
+// held and e.lease set. The ID of reading r is stamped with r's millisecond, at or before
+// r, so an accepted reading stamps a time before the deadline.
+func (e *Engine) fence(r time.Duration) error {
+	until := e.lease.ValidUntil()
+	if until.IsZero() || r < until.Sub(e.base) {
+		return nil
+	}
+	return fmt.Errorf("%w: the lease on worker %d is not valid at this time (it ends %v before it)",
+		idgen.ErrWorkerNotHeld, e.workerID, r-until.Sub(e.base))
 }
 
 // Next returns a new ID. The tag is ignored: one engine serves every snowflake tag.
@@ -205,18 +231,20 @@ func (e *Engine) next(ctx context.Context, wait bool) (int64, error) {
 		}
 		return 0, fmt.Errorf("snowflake: engine not started or closed: %w", idgen.ErrUnavailable)
 	}
-	if !e.lease.Held() {
-		return 0, fmt.Errorf("%w: the lease on worker %d could not be renewed", idgen.ErrWorkerNotHeld, e.workerID)
+	r := e.reading()
+	if err := e.fence(r); err != nil {
+		return 0, err
 	}
-	now := e.elapsed()
+	now := e.millisAt(r)
 	if now < e.last {
 		if !wait {
 			return 0, errWouldWait
 		}
 		var err error
-		if now, err = e.waitBackwards(ctx, now); err != nil {
+		if r, err = e.waitBackwards(ctx, now); err != nil {
 			return 0, err
 		}
+		now = e.millisAt(r)
 	}
 	seq := e.seq
 	if now == e.last {
@@ -229,9 +257,10 @@ func (e *Engine) next(ctx context.Context, wait bool) (int64, error) {
 				e.hooks.OnSequenceExhausted()
 			}
 			var err error
-			if now, err = e.waitNextMilli(ctx); err != nil {
+			if r, err = e.waitNextMilli(ctx); err != nil {
 				return 0, err
 			}
+			now = e.millisAt(r)
 			seq = e.startSeq()
 		}
 	} else {
@@ -239,6 +268,11 @@ func (e *Engine) next(ctx context.Context, wait bool) (int64, error) {
 	}
 	if now > e.codec.layout.MaxElapsed() {
 		return 0, ErrTimeOverflow
+	}
+	// The invariant: now is the millisecond of r, and r is before the lease's deadline.
+	// After a wait r is a newer reading, so check again.
+	if err := e.fence(r); err != nil {
+		return 0, err
 	}
 	if now != e.last {
 		e.last = now
@@ -256,19 +290,20 @@ func (e *Engine) startSeq() int64 {
 }
 
 // waitBackwards handles a clock behind the last ID as Leaf does: up to maxBackwards,
-// wait twice the offset and look again; beyond it, or if that did not help, fail.
-func (e *Engine) waitBackwards(ctx context.Context, now int64) (int64, error) {
+// wait twice the offset and look again; beyond it, or if that did not help, fail. It
+// returns the clock reading that is no longer behind.
+func (e *Engine) waitBackwards(ctx context.Context, now int64) (time.Duration, error) {
 	offset := e.last - now
 	d := time.Duration(offset) * time.Millisecond
 	if offset <= e.maxBackwards {
 		if err := e.clock.Sleep(ctx, 2*d); err != nil {
 			return 0, fmt.Errorf("%w: waiting out %v: %w", idgen.ErrClockBackwards, d, err)
 		}
-		if now = e.elapsed(); now >= e.last {
+		if r := e.reading(); e.millisAt(r) >= e.last {
 			if e.hooks.OnClockBackwards != nil {
 				e.hooks.OnClockBackwards(d, true)
 			}
-			return now, nil
+			return r, nil
 		}
 	}
 	if e.hooks.OnClockBackwards != nil {
@@ -278,13 +313,14 @@ func (e *Engine) waitBackwards(ctx context.Context, now int64) (int64, error) {
 		time.Duration(e.maxBackwards)*time.Millisecond)
 }
 
-// waitNextMilli waits until the engine's time has passed e.last.
-func (e *Engine) waitNextMilli(ctx context.Context) (int64, error) {
+// waitNextMilli waits until the engine's time has passed e.last and returns that reading.
+func (e *Engine) waitNextMilli(ctx context.Context) (time.Duration, error) {
 	for {
-		nanos := e.baseNanos + int64(e.clock.Since(e.base))
+		r := e.reading()
+		nanos := e.baseNanos + int64(r)
 		now := nanos / int64(time.Millisecond)
 		if now > e.last {
-			return now, nil
+			return r, nil
 		}
 		if e.last-now > e.maxBackwards {
 			return 0, fmt.Errorf("%w: by %d ms while waiting for the next millisecond", idgen.ErrClockBackwards, e.last-now)
@@ -415,7 +451,7 @@ func (e *Engine) Compose(p Parts) (int64, error) { return e.codec.Compose(p) }
 // Info is the engine's state for a status page.
 type Info struct {
 	Running         bool   // started and not closed
-	Held            bool   // a worker ID is held and usable now
+	Held            bool   // a worker ID is held and its lease valid now
 	WorkerID        int64  // -1 before the first one is acquired
 	Source          string // the source's name
 	Layout          Layout
@@ -430,7 +466,7 @@ func (e *Engine) Info() Info {
 	defer e.mu.Unlock()
 	in := Info{
 		Running:         e.state == stateRunning,
-		Held:            e.lease != nil && e.lease.Held(),
+		Held:            e.lease != nil && e.state == stateRunning && e.fence(e.reading()) == nil,
 		WorkerID:        e.workerID,
 		Source:          e.source.Name(),
 		Layout:          e.codec.layout,

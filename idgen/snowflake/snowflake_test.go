@@ -330,14 +330,14 @@ func TestFencedLeaseRefusesIDs(t *testing.T) {
 	e := startEngine(t, snowflake.Settings{Source: src, Clock: clock})
 	mustNext(t, e)
 	l := src.Lease(0)
-	l.held.Store(false)
+	l.fence()
 	if _, err := e.Next(ctx, ""); !errors.Is(err, idgen.ErrWorkerNotHeld) {
 		t.Fatalf("Next on a fenced lease = %v, want ErrWorkerNotHeld", err)
 	}
 	if e.Info().Held {
 		t.Fatal("Info().Held on a fenced lease")
 	}
-	l.held.Store(true)
+	l.regain()
 	mustNext(t, e)
 }
 

@@ -91,7 +91,7 @@ func TestTryNextRefusesWhereNextWaitsOrFails(t *testing.T) {
 		{"lease not held", func(t *testing.T, f *tryFixture) int64 {
 			f.start(t)
 			last := mustNext(t, f.e)
-			f.src.Lease(0).held.Store(false)
+			f.src.Lease(0).fence()
 			return last
 		}, idgen.ErrWorkerNotHeld, nil, 0},
 		{"clock behind the last ID, within the tolerance", func(t *testing.T, f *tryFixture) int64 {

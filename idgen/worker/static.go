@@ -117,7 +117,7 @@ type staticLease struct {
 func (l *staticLease) WorkerID() int64       { return l.id }
 func (l *staticLease) HighWater() int64      { return l.highWater }
 func (l *staticLease) Record(ms int64)       { RecordMax(&l.last, ms) }
-func (l *staticLease) Held() bool            { return true }
+func (l *staticLease) ValidUntil() time.Time { return time.Time{} } // never expires
 func (l *staticLease) Done() <-chan struct{} { return nil }
 
 // run writes the mark every interval until Close.

@@ -2,24 +2,36 @@
 // source. The ZooKeeper (Leaf-compatible) and PostgreSQL lease sources live in the
 // subpackages zookeeper and postgres.
 //
-// A Source hands out a Lease. While a lease is held, no other process holding a lease from
-// the same store (the same ZooKeeper tree, the same leaf_worker_lease table) has the same
-// worker ID. A lease also carries the durable time high-water mark: the last millisecond
-// the previous holder of the ID used, so that the next holder starts after it.
+// A Source hands out a Lease. While a lease is valid, no other process holding a valid
+// lease from the same store (the same ZooKeeper tree, the same leaf_worker_lease table, the
+// same state directory) has the same worker ID. A lease also carries the durable time
+// high-water mark: the last millisecond the previous holder of the ID used, so that the
+// next holder starts after it.
+//
+// Fencing. A lease that can be lost is valid only until a deadline, Lease.ValidUntil, a
+// reading of the source's clock: the send time of the last request that proved ownership
+// (a renewal, a ZooKeeper answer), plus how long that proof lasts (the lease TTL, the
+// session timeout), minus a guard. The deadline is a plain value, not a flag a goroutine
+// turns off, so the user of the ID (the snowflake engine) compares it with the very clock
+// reading it stamps the ID with: a process that was paused (GC, SIGSTOP, VM freeze, CPU
+// throttling) sees a past deadline the moment it runs again, before any goroutine of the
+// source had the chance to notice. A process that takes an ID over waits out both the
+// previous holder's high-water mark and the end of its lease.
 package worker
 
 import (
 	"context"
 	"errors"
 	"sync/atomic"
+	"time"
 )
 
 // Source hands out worker IDs.
 type Source interface {
 	// Name names the kind of source ("static", "zookeeper", "postgres") for status pages.
 	Name() string
-	// Acquire claims a worker ID. The lease is held until Close or until the source
-	// loses it (see Lease.Held and Lease.Done).
+	// Acquire claims a worker ID. The lease is usable until Close, while the clock reads
+	// before its ValidUntil, and until Done is closed.
 	Acquire(ctx context.Context) (Lease, error)
 }
 
@@ -28,15 +40,22 @@ type Lease interface {
 	// WorkerID is the claimed worker ID.
 	WorkerID() int64
 	// HighWater is the last millisecond (Unix time) recorded for this worker ID before it
-	// was acquired, or 0 when nothing was recorded. The engine issues IDs only after it.
+	// was acquired, or the end of the previous holder's lease when that is later; 0 when
+	// nothing was recorded. The engine issues IDs only after it.
 	HighWater() int64
 	// Record notes the last millisecond (Unix time) used in an ID. It must be cheap: the
 	// engine calls it once per new millisecond. The source persists the largest value
 	// recorded at least every few seconds (ZooKeeper node data, lease row, cache file).
 	Record(unixMillis int64)
-	// Held reports whether the ID may be used right now. It turns false when the source
-	// cannot prove ownership any more (fencing) and may turn true again when it can.
-	Held() bool
+	// ValidUntil returns the instant from which the worker ID must not be used: no ID may
+	// carry a time at or after it. It is a reading of the source's clock, which must be
+	// the clock of the lease's user (time.Now, monotonic reading included, unless both
+	// are given another); the user compares it with the clock reading it stamps an ID
+	// with. The deadline moves forward when the source proves ownership again, and lies
+	// in the past while ownership is not proven (renewals failing, a ZooKeeper session
+	// lost, another live process holding the ID). The zero Time means the lease never
+	// expires (static IDs).
+	ValidUntil() time.Time
 	// Done is closed when the lease is lost for good and a new one must be acquired.
 	// It is nil for leases that cannot be lost.
 	Done() <-chan struct{}
@@ -61,6 +80,12 @@ var (
 	// mark. The source refuses to guess one: a mark too low could repeat IDs.
 	ErrBadState = errors.New("worker: bad worker ID state file")
 )
+
+// Usable reports whether a lease whose deadline is validUntil may stamp an ID with the
+// clock reading now.
+func Usable(validUntil, now time.Time) bool {
+	return validUntil.IsZero() || now.Before(validUntil)
+}
 
 // MaxID is the largest worker ID of the default layout (10 worker bits).
 const MaxID = 1023

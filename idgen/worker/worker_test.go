@@ -22,8 +22,8 @@ func TestStatic(t *testing.T) {
 		if err != nil {
 			continue
 		}
-		if l.WorkerID() != tc.id || !l.Held() || l.Done() != nil || l.HighWater() != 0 || src.Name() != "static" {
-			t.Fatalf("Static{%d} lease: id %d held %v high-water %d", tc.id, l.WorkerID(), l.Held(), l.HighWater())
+		if l.WorkerID() != tc.id || !l.ValidUntil().IsZero() || l.Done() != nil || l.HighWater() != 0 || src.Name() != "static" {
+			t.Fatalf("Static{%d} lease: id %d valid until %v high-water %d", tc.id, l.WorkerID(), l.ValidUntil(), l.HighWater())
 		}
 		if err := l.Close(context.Background()); err != nil {
 			t.Fatal(err)

@@ -47,12 +47,13 @@ type Config struct {
 	HTTP      string `yaml:"http"`
 	HTTPToken string `yaml:"http-token"`
 
-	WorkerSource   string `yaml:"worker-source"`
-	WorkerID       int    `yaml:"worker-id"`
-	WorkerStateDir string `yaml:"worker-state-dir"`
-	ZooKeeper      List   `yaml:"zk"`
-	ZooKeeperName  string `yaml:"zk-name"`
-	AdvertisedAddr string `yaml:"advertise"`
+	WorkerSource   string        `yaml:"worker-source"`
+	WorkerID       int           `yaml:"worker-id"`
+	WorkerStateDir string        `yaml:"worker-state-dir"`
+	WorkerLeaseTTL time.Duration `yaml:"worker-lease-ttl"`
+	ZooKeeper      List          `yaml:"zk"`
+	ZooKeeperName  string        `yaml:"zk-name"`
+	AdvertisedAddr string        `yaml:"advertise"`
 
 	SnowflakeTags  List          `yaml:"snowflake-tags"`
 	SnowflakeEpoch int64         `yaml:"snowflake-epoch"`
@@ -184,6 +185,8 @@ var settings = []setting{
 		field: func(c *Config) any { return &c.WorkerID }},
 	{name: "worker-state-dir", arg: "DIR", usage: "directory where worker-source static keeps the worker ID's time high-water mark (worker-{id}.highwater) and lock; use one that survives reboots (default: {TMPDIR}/leafproxy)",
 		field: func(c *Config) any { return &c.WorkerStateDir }},
+	{name: "worker-lease-ttl", usage: "how long a leaf_worker_lease row holds the worker ID without a renewal (worker-source postgres); renewed every third of it (at most 3s); the proxy stops issuing a tenth of it before the row can expire (default 30s)",
+		field: func(c *Config) any { return &c.WorkerLeaseTTL }},
 	{name: "zk", arg: "HOST:PORT,...", usage: "ZooKeeper servers, comma-separated host:port list",
 		field: func(c *Config) any { return &c.ZooKeeper }},
 	{name: "zk-name", arg: "NAME", usage: "name under /snowflake/ in ZooKeeper (Leaf's leaf.name); also the leaf_worker_lease holder prefix",

@@ -191,6 +191,8 @@ func TestErrors(t *testing.T) {
 		{"bad snowflake tag", "", s, []string{"--snowflake-tags", "a/b"}, []string{"snowflake-tags", "'/'"}},
 		{"epoch future", "", s, []string{"--snowflake-epoch", "99999999999999"}, []string{"snowflake-epoch", "between 0 and now"}},
 		{"backwards", "", s, []string{"--clock-max-backwards", "2s"}, []string{"clock-max-backwards", "between 0 and 1s"}},
+		{"lease ttl short", "", s, []string{"--worker-lease-ttl", "500ms"}, []string{"worker-lease-ttl", "at least 1s"}},
+		{"lease ttl static", "", s, []string{"--worker-source", "static", "--worker-id", "1", "--worker-lease-ttl", "5s"}, []string{"worker-lease-ttl", "only used with worker-source postgres"}},
 		{"fill no tag", "", s, []string{"--fill", "orders.id"}, []string{"fill (flag --fill)", "want [schema.]table.column=tag"}},
 		{"fill one name", "", s, []string{"--fill", "orders=order"}, []string{"fill", "got 1 names"}},
 		{"fill four names", "", s, []string{"--fill", "a.b.c.d=x"}, []string{"fill", "got 4 names"}},

@@ -129,6 +129,12 @@ func (c *Config) Validate() error {
 			bad("worker-state-dir", "%s is not a directory", c.WorkerStateDir)
 		}
 	}
+	switch {
+	case c.WorkerLeaseTTL != 0 && c.WorkerLeaseTTL < time.Second:
+		bad("worker-lease-ttl", "%s must be at least 1s", c.WorkerLeaseTTL)
+	case c.WorkerLeaseTTL != 0 && c.WorkerSource != WorkerPostgres:
+		bad("worker-lease-ttl", "only used with worker-source postgres, but the worker source is %s", c.WorkerSource)
+	}
 	for _, zk := range c.ZooKeeper {
 		if err := checkHostPort(zk); err != nil {
 			bad("zk", "%v", err)

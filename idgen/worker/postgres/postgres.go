@@ -3,11 +3,16 @@
 //
 // A holder claims the lowest free or expired row, renews it every few seconds while
 // recording its time high-water mark, and releases it on Close. Expiry is judged by the
-// database clock (now()); the holder judges its own lease with the monotonic clock,
-// counting the TTL from before it sent the renewal, and stops using the ID (fencing) a
-// guard interval before the row can expire. So two live processes never use the same
-// worker ID at once, and IDs are recycled when processes go away, which Leaf's ZooKeeper
-// scheme (one node per ip:port, forever) cannot do.
+// database clock (now()); the holder judges its own lease with the monotonic clock: the
+// lease's ValidUntil is the send time of the last successful claim or renewal plus the TTL
+// minus a guard interval, so the holder stops using the ID (fencing) before the row can
+// expire, and the snowflake engine checks that deadline with the reading it stamps each
+// ID with, so a holder that was paused past it issues nothing, whether or not its
+// renewal goroutine has run since. A takeover waits out both the high-water mark and the
+// end of the previous lease (expires_at). So two live processes never use the same worker
+// ID at once, and IDs are recycled when processes go away, which Leaf's ZooKeeper scheme
+// (one node per ip:port, forever) cannot do. The holders' clocks must agree with the
+// database's to within the guard.
 package postgres
 
 import (
@@ -50,6 +55,9 @@ type Settings struct {
 	// Holder names this process in the holder column; a suffix makes each lease unique.
 	// The default is hostname:pid.
 	Holder string
+	// Now is the clock ValidUntil is read on; it must be the snowflake engine's. nil
+	// means time.Now.
+	Now func() time.Time
 	// Logger receives lease events; nil means logrus' standard logger.
 	Logger logrus.FieldLogger
 	// Hooks count lease events (fenced, regained, renewal errors).
@@ -63,6 +71,7 @@ type Source struct {
 	renewInterval time.Duration
 	guard         time.Duration
 	holder        string
+	now           func() time.Time
 	log           logrus.FieldLogger
 	hooks         worker.Hooks
 	seq           atomic.Int64
@@ -73,7 +82,7 @@ var _ worker.Source = (*Source)(nil)
 // New validates the settings.
 func New(s Settings) (*Source, error) {
 	src := &Source{pool: s.Pool, ttl: s.TTL, renewInterval: s.RenewInterval, guard: s.FenceGuard,
-		holder: s.Holder, log: s.Logger, hooks: s.Hooks}
+		holder: s.Holder, now: s.Now, log: s.Logger, hooks: s.Hooks}
 	if src.pool == nil {
 		return nil, errors.New("postgres worker source: no connection pool")
 	}
@@ -94,6 +103,9 @@ func New(s Settings) (*Source, error) {
 		host, _ := os.Hostname()
 		src.holder = fmt.Sprintf("%s:%d", host, os.Getpid())
 	}
+	if src.now == nil {
+		src.now = time.Now
+	}
 	if src.log == nil {
 		src.log = logrus.StandardLogger()
 	}
@@ -104,13 +116,17 @@ func New(s Settings) (*Source, error) {
 func (s *Source) Name() string { return "postgres" }
 
 // Acquire claims the lowest worker ID whose row is free (released or never used) or
-// expired. When all rows are held it fails with worker.ErrExhausted.
+// expired. When all rows are held it fails with worker.ErrExhausted. The lease's
+// HighWater is the later of the row's high-water mark and the end of its previous lease:
+// the previous holder may have issued IDs up to its deadline after its last renewal.
 func (s *Source) Acquire(ctx context.Context) (worker.Lease, error) {
 	holder := fmt.Sprintf("%s/%d-%s", s.holder, s.seq.Add(1), randomSuffix())
-	sent := time.Now()
+	sent := s.now()
 	var id, hw int64
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		err := tx.QueryRow(ctx, `SELECT worker_id, high_water_ms FROM leaf_worker_lease
+		err := tx.QueryRow(ctx, `SELECT worker_id, GREATEST(high_water_ms,
+				CASE WHEN isfinite(expires_at) THEN ceil(extract(epoch FROM expires_at) * 1000)::bigint ELSE 0 END)
+			FROM leaf_worker_lease
 			WHERE expires_at <= now() ORDER BY worker_id LIMIT 1 FOR UPDATE SKIP LOCKED`).Scan(&id, &hw)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("%w: every row of leaf_worker_lease (worker IDs 0..%d) is held by a live process",
@@ -133,10 +149,10 @@ func (s *Source) Acquire(ctx context.Context) (worker.Lease, error) {
 	l := &lease{src: s, id: id, highWater: hw, holder: holder, stop: make(chan struct{}),
 		stopped: make(chan struct{}), done: make(chan struct{})}
 	l.persisted = hw
-	l.held.Store(true)
+	l.extend(sent)
 	s.log.WithFields(logrus.Fields{"worker_id": id, "holder": holder, "high_water_ms": hw, "ttl": s.ttl}).
 		Info("leased a worker ID")
-	go l.run(sent.Add(s.ttl - s.guard))
+	go l.run()
 	return l, nil
 }
 
@@ -152,9 +168,9 @@ type lease struct {
 	highWater int64
 	holder    string
 
-	recorded  atomic.Int64
-	persisted int64 // last high-water written; owned by run, then by Close
-	held      atomic.Bool
+	recorded   atomic.Int64
+	persisted  int64                     // last high-water written; owned by run, then by Close
+	validUntil atomic.Pointer[time.Time] // see ValidUntil; written by Acquire, run and Close
 
 	stop      chan struct{} // closed by Close
 	stopped   chan struct{} // closed when run returns
@@ -165,36 +181,54 @@ type lease struct {
 func (l *lease) WorkerID() int64       { return l.id }
 func (l *lease) HighWater() int64      { return l.highWater }
 func (l *lease) Record(ms int64)       { worker.RecordMax(&l.recorded, ms) }
-func (l *lease) Held() bool            { return l.held.Load() }
 func (l *lease) Done() <-chan struct{} { return l.done }
+
+// ValidUntil is the send time of the last successful claim or renewal plus TTL minus
+// guard: the row cannot have expired before it, whatever happened since.
+func (l *lease) ValidUntil() time.Time { return *l.validUntil.Load() }
+
+// extend moves the deadline to sent+TTL-guard, sent being the clock reading taken before
+// the claim or renewal that succeeded was sent.
+func (l *lease) extend(sent time.Time) {
+	t := sent.Add(l.src.ttl - l.src.guard)
+	l.validUntil.Store(&t)
+}
+
+// revoke ends the lease's validity now.
+func (l *lease) revoke() {
+	t := l.src.now()
+	l.validUntil.Store(&t)
+}
 
 func (l *lease) logger() logrus.FieldLogger {
 	return l.src.log.WithFields(logrus.Fields{"worker_id": l.id, "holder": l.holder})
 }
 
-// run renews the lease until Close, fencing it when the renewals fail for too long.
-func (l *lease) run(validUntil time.Time) {
+// run renews the lease until Close. Its fence timer only tells the operator and the
+// metrics that the deadline passed: the deadline itself is enforced by the lease's user.
+func (l *lease) run() {
 	defer close(l.stopped)
 	renew := time.NewTimer(l.src.renewInterval)
 	defer renew.Stop()
-	fence := time.NewTimer(time.Until(validUntil))
+	fence := time.NewTimer(l.ValidUntil().Sub(l.src.now()))
 	defer fence.Stop()
-	failing := false
+	failing, fenced := false, false
 	for {
 		select {
 		case <-l.stop:
 			return
 		case <-fence.C:
-			if l.held.Swap(false) {
+			if !fenced {
+				fenced = true
 				l.logger().Error("worker ID lease not renewed in time; refusing snowflake IDs until it is")
 				l.src.hooks.Fenced(l.id)
 			}
 		case <-renew.C:
-			sent := time.Now()
+			sent := l.src.now()
 			err := l.renew()
 			switch {
 			case errors.Is(err, errTaken):
-				l.held.Store(false)
+				l.revoke()
 				l.logger().Error("worker ID lease taken over by another process after it expired")
 				l.src.hooks.Fenced(l.id)
 				close(l.done)
@@ -217,8 +251,16 @@ func (l *lease) run(validUntil time.Time) {
 					default:
 					}
 				}
-				fence.Reset(time.Until(sent.Add(l.src.ttl - l.src.guard)))
-				if !l.held.Swap(true) {
+				if !fenced && !sent.Before(l.ValidUntil()) {
+					// The deadline passed while the timer could not fire (a pause).
+					fenced = true
+					l.logger().Error("worker ID lease lapsed before this renewal; snowflake IDs were refused meanwhile")
+					l.src.hooks.Fenced(l.id)
+				}
+				l.extend(sent)
+				fence.Reset(l.ValidUntil().Sub(l.src.now()))
+				if fenced {
+					fenced = false
 					l.logger().Info("worker ID lease regained")
 					l.src.hooks.Regained(l.id)
 				}
@@ -256,7 +298,7 @@ func (l *lease) Close(ctx context.Context) error {
 	l.closeOnce.Do(func() {
 		close(l.stop)
 		<-l.stopped
-		l.held.Store(false)
+		l.revoke()
 		hw := max(l.recorded.Load(), l.persisted)
 		tag, execErr := l.src.pool.Exec(ctx, `UPDATE leaf_worker_lease
 			SET expires_at = LEAST(expires_at, now()), holder = NULL,

@@ -171,27 +171,29 @@ func TestCloseReleasesAndKeepsHighWater(t *testing.T) {
 	pool := newPool(t, leaseDB(t))
 	src := newSource(t, pool, postgres.Settings{TTL: time.Minute})
 	l := acquire(t, src)
-	if l.WorkerID() != 0 || l.HighWater() != 0 || !l.Held() {
-		t.Fatalf("first lease: worker %d, high-water %d, held %v", l.WorkerID(), l.HighWater(), l.Held())
+	if l.WorkerID() != 0 || l.HighWater() != 0 || !time.Now().Before(l.ValidUntil()) {
+		t.Fatalf("first lease: worker %d, high-water %d, valid until %v", l.WorkerID(), l.HighWater(), l.ValidUntil())
 	}
 	if r := readRow(t, pool, 0); r.holder == nil || r.expired {
 		t.Fatalf("claimed row: %+v", r)
 	}
-	const mark = 1767225600123
+	// A mark ahead of the release time: the next holder's high-water is the later of the
+	// mark and the end of the lease.
+	mark := time.Now().Add(time.Hour).UnixMilli()
 	l.Record(mark)
 	l.Record(mark - 5) // older marks never lower it
 	if err := l.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if l.Held() {
-		t.Fatal("closed lease still held")
+	if time.Now().Before(l.ValidUntil()) {
+		t.Fatal("closed lease still valid")
 	}
 	if r := readRow(t, pool, 0); r.holder != nil || !r.expired || r.highWater != mark {
-		t.Fatalf("released row: %+v, want free, expired, high-water %d", r, int64(mark))
+		t.Fatalf("released row: %+v, want free, expired, high-water %d", r, mark)
 	}
 	again := acquire(t, src)
 	if again.WorkerID() != 0 || again.HighWater() != mark {
-		t.Fatalf("re-acquired worker %d with high-water %d, want 0 with %d", again.WorkerID(), again.HighWater(), int64(mark))
+		t.Fatalf("re-acquired worker %d with high-water %d, want 0 with %d", again.WorkerID(), again.HighWater(), mark)
 	}
 }
 
@@ -236,8 +238,11 @@ func TestCrashedHolderIsReclaimedAfterExpiry(t *testing.T) {
 	}
 	defer crashPool.Close()
 	log, _ := test.NewNullLogger()
-	crashed, err := snowflake.New(snowflake.Settings{Source: newSource(t, crashPool, settings),
-		Clock: offsetClock{3 * time.Second}, Logger: log})
+	ahead := offsetClock{3 * time.Second}
+	crashedSettings := settings
+	crashedSettings.Now = ahead.Now // the lease's deadline is read on the engine's clock
+	crashed, err := snowflake.New(snowflake.Settings{Source: newSource(t, crashPool, crashedSettings),
+		Clock: ahead, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -330,8 +335,8 @@ func TestHolderThatCannotRenewStopsIssuing(t *testing.T) {
 	if d := time.Since(stopped); d > ttl {
 		t.Fatalf("issued IDs for %v after the database went away; the row expires after %v", d, ttl)
 	}
-	// The lease stops counting as held just before the hook runs, on the renewal
-	// goroutine: the refusal can be seen first.
+	// The engine refuses by the deadline; the hook runs when the fence timer fires on
+	// the renewal goroutine, so the refusal can be seen first.
 	waitUntil(t, time.Second, "the fenced hook", func() bool { return fenced.Load() >= 1 })
 	if fenced.Load() != 1 || e.Info().Held {
 		t.Fatalf("fenced hook calls %d, Info().Held %v", fenced.Load(), e.Info().Held)
@@ -345,8 +350,8 @@ func TestHolderThatCannotRenewStopsIssuing(t *testing.T) {
 		after, err = e.Next(ctx, "")
 		return err == nil
 	})
-	// As with the fenced hook, the lease counts as held again just before the regained
-	// hook runs on the renewal goroutine.
+	// The renewal extends the deadline just before the regained hook runs on the renewal
+	// goroutine.
 	waitUntil(t, time.Second, "the regained hook", func() bool { return regained.Load() >= 1 })
 	if after <= before || e.Decompose(after).Worker != e.Decompose(before).Worker || regained.Load() != 1 {
 		t.Fatalf("after the outage: ID %d (before %d), regained %d", after, before, regained.Load())

@@ -52,7 +52,7 @@ func newLease(s *Source) *lease {
 func (l *lease) WorkerID() int64       { return l.id }
 func (l *lease) HighWater() int64      { return l.highWater }
 func (l *lease) Record(ms int64)       { worker.RecordMax(&l.recorded, ms) }
-func (l *lease) Held() bool            { return true }
+func (l *lease) ValidUntil() time.Time { return time.Time{} }
 func (l *lease) Done() <-chan struct{} { return nil }
 
 func (l *lease) nodePath() string {

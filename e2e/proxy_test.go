@@ -220,6 +220,13 @@ func (p *Proxy) Spawn() {
 	}()
 }
 
+// Starts returns how many times the process was started: the number of the current run.
+func (p *Proxy) Starts() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.starts
+}
+
 // Pid returns the running process's pid, or 0.
 func (p *Proxy) Pid() int {
 	p.mu.Lock()

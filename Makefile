@@ -30,6 +30,12 @@ FUZZTARGETS := ./proxy:FuzzClientStream ./proxy:FuzzCopyFiller ./rewrite:FuzzPla
 fuzz:
 	GO=$(GO) scripts/fuzz.sh $(FUZZTIME) $(FUZZTARGETS)
 
+## soak: the randomized fault schedule of e2e for SOAK (default 10m), seeded from
+## LEAF_FAULT_SEED when set (the seed is printed: a failing schedule replays with it)
+SOAK ?= 10m
+soak: deps
+	$(TESTENV) -no-zk -- $(GO) test -count=1 -v -timeout 3h -run '^TestFaultSchedule$$' ./e2e -fault-duration $(SOAK)
+
 ## run: local PostgreSQL on 127.0.0.1:5433 (kept between runs), demo tags, proxy on 127.0.0.1:6432, admin on 127.0.0.1:8080
 run:
 	scripts/run.sh

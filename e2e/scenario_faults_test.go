@@ -99,12 +99,13 @@ type faultRig struct {
 	leased  []*Proxy // the proxies leasing from PostgreSQL
 	load    *Load
 	counts  map[faultKind]int
+	faultAt time.Time // when the fault being injected began
 }
 
-// note logs one step of the schedule with the time since the schedule began.
+// note logs what the fault being injected did, with its start since the schedule began.
 func (g *faultRig) note(format string, args ...any) {
 	g.t.Helper()
-	g.t.Logf("fault t+%5.1fs: %s", time.Since(g.began).Seconds(), fmt.Sprintf(format, args...))
+	g.t.Logf("fault at t+%5.1fs: %s", g.faultAt.Sub(g.began).Seconds(), fmt.Sprintf(format, args...))
 }
 
 // between draws a duration in [lo, hi) from the schedule's source.
@@ -131,6 +132,7 @@ func (g *faultRig) pick() faultKind {
 func (g *faultRig) inject(kind faultKind) {
 	g.t.Helper()
 	g.counts[kind]++
+	g.faultAt = time.Now()
 	switch kind {
 	case faultKill:
 		g.kill()
@@ -320,6 +322,10 @@ func TestFaultSchedule(t *testing.T) {
 	t.Logf("fault schedule: seed %d, %v of faults (replay: LEAF_FAULT_SEED=%d)", seed, duration, seed)
 	bin := clockBin(t)
 	pg := testenv.NewPostgres(t)
+	// The test servers commit asynchronously for speed; a crash of this one must not lose
+	// a commit a client was told of, or the check of the filled tables would blame the proxy.
+	execSQL(t, pg.URL("postgres"), "ALTER SYSTEM SET synchronous_commit = on")
+	execSQL(t, pg.URL("postgres"), "SELECT pg_reload_conf()")
 	ens := testenv.NewEnsemble(t, 3)
 	dsn := pg.NewDatabase(t)
 	fx := newFixture(t, dsn, 1000)

@@ -258,7 +258,7 @@ func (p *Proxy) exited() (bool, error) {
 // WaitReady polls GET /readyz until it answers 200. When the binary has no /readyz (404)
 // or no admin server, readiness is the listen port accepting connections.
 func (p *Proxy) WaitReady(ctx context.Context) error {
-	client := &http.Client{Timeout: time.Second}
+	client := &http.Client{Timeout: 10 * time.Second}
 	var last error
 	for {
 		if gone, err := p.exited(); gone {

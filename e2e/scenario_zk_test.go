@@ -280,7 +280,7 @@ func TestZooKeeper(t *testing.T) {
 		p.Terminate(30 * time.Second)
 	})
 
-	t.Run("StartWhileDownUsesCachedWorkerID", func(t *testing.T) {
+	t.Run("StartWhileDownWaitsForTheClaim", func(t *testing.T) {
 		p := startProxies(t, fx, 1, withZK)[0]
 		before := snowflakeWorker(t, p, coll, "zk up")
 		caches, _ := filepath.Glob(filepath.Join(p.TempDir(), "*", "leafconf", "*", "workerID.properties"))
@@ -295,10 +295,16 @@ func TestZooKeeper(t *testing.T) {
 		for _, z := range ens {
 			z.Stop()
 		}
-		took := p.Start()
-		during := snowflakeWorker(t, p, coll, "zk down")
-		if during != before {
-			t.Errorf("started while ZooKeeper was down with worker ID %d, cached %d", during, before)
+		// It starts with the cached worker ID but issues no snowflake ID: without
+		// ZooKeeper nothing proves that no other live process uses that worker ID.
+		began := time.Now()
+		p.Spawn()
+		notReady := waitNotHeld(t, p, 60*time.Second)
+		if !strings.Contains(notReady, fmt.Sprintf("worker ID %d ", before)) {
+			t.Errorf("/readyz while ZooKeeper is down: %q, want the cached worker ID %d", notReady, before)
+		}
+		if id, err := httpID(p, "/api/snowflake/get/"+snowOrder, nil); err == nil {
+			t.Fatalf("issued snowflake ID %d while ZooKeeper is down", id)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
@@ -313,6 +319,10 @@ func TestZooKeeper(t *testing.T) {
 			}
 		}
 		zkBack := time.Now()
+		if err := p.WaitReady(ctx); err != nil {
+			t.Fatalf("not ready after ZooKeeper came back: %v", err)
+		}
+		took := time.Since(zkBack)
 		if after := snowflakeWorker(t, p, coll, "zk back"); after != before {
 			t.Errorf("worker ID %d after ZooKeeper came back, %d before", after, before)
 		}
@@ -320,7 +330,8 @@ func TestZooKeeper(t *testing.T) {
 			t.Errorf("after ZooKeeper came back: %v", err)
 		}
 		requireNoDuplicates(t, coll)
-		t.Logf("FIGURE zk-cache: ready %v after a start with the whole ensemble down, worker %d from the cache", took.Round(time.Millisecond), before)
+		t.Logf("FIGURE zk-cache: started %v before ZooKeeper came back with worker %d from the cache, refusing; ready %v after ZooKeeper answered",
+			zkBack.Sub(began).Round(time.Millisecond), before, took.Round(time.Millisecond))
 	})
 
 	t.Run("RestartBehindNodeTimestamp", func(t *testing.T) {

@@ -235,6 +235,7 @@ func (e *Engine) next(ctx context.Context, wait bool) (int64, error) {
 	if err := e.fence(r); err != nil {
 		return 0, err
 	}
+	checked := r
 	now := e.millisAt(r)
 	if now < e.last {
 		if !wait {
@@ -270,9 +271,11 @@ func (e *Engine) next(ctx context.Context, wait bool) (int64, error) {
 		return 0, ErrTimeOverflow
 	}
 	// The invariant: now is the millisecond of r, and r is before the lease's deadline.
-	// After a wait r is a newer reading, so check again.
-	if err := e.fence(r); err != nil {
-		return 0, err
+	// After a wait r is a newer reading than the one checked, so check again.
+	if r != checked {
+		if err := e.fence(r); err != nil {
+			return 0, err
+		}
 	}
 	if now != e.last {
 		e.last = now

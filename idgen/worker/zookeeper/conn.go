@@ -17,8 +17,9 @@ import (
 //     ten receive timeouts (authenticate: 40 s with a 6 s session) on a server that
 //     accepted the TCP connection but does not answer.
 // Reports therefore wait a bounded time for each request and, past the bound, replace the
-// connection. That loses nothing: the node is persistent and bound to ip:port, so any
-// session may rewrite it.
+// connection. The node is persistent and bound to ip:port, so any session may rewrite it;
+// but closing the old connection ends its session and the liveness claim with it, so the
+// lease ends and the engine claims the worker ID again.
 
 // errNoAnswer is the error of a request that got no answer within the bound.
 var errNoAnswer = errors.New("no answer from ZooKeeper")
@@ -94,6 +95,9 @@ func (l *lease) replace(old *zk.Conn) {
 	}
 	l.mu.Unlock()
 	old.Close()
+	if current && l.claimed {
+		l.end("replaced the ZooKeeper connection, which ended the session and the worker ID's liveness claim")
+	}
 	if current {
 		l.connect()
 	}

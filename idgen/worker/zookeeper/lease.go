@@ -2,6 +2,7 @@ package zookeeper
 
 import (
 	"context"
+	"encoding/json"
 	"path"
 	"sync"
 	"sync/atomic"
@@ -13,17 +14,26 @@ import (
 	"github.com/leafproxy/leafproxy/idgen/worker"
 )
 
-// lease is a worker ID bound to a persistent node: it is never lost, so Held is always
-// true and Done is nil. Its goroutine rewrites the node data (and the cache file) with the
-// high-water mark every ReportInterval.
+// lease is a worker ID bound to a persistent node, usable while its liveness claim is
+// proven (see claim.go). With the claim its goroutines rewrite the node data (and the cache
+// file) with the high-water mark every ReportInterval and prove the claim; without it (held
+// by another process, or a start from the cache file) it issues nothing and waits for a
+// reason to acquire again.
 type lease struct {
 	src       *Source
-	id        int64 // set before the lease is handed out
-	highWater int64 // likewise
+	id        int64      // set before the lease is handed out
+	highWater int64      // likewise
+	claimed   bool       // likewise: the claim was made by this lease's session
+	other     *claimData // likewise: the holder of the claim when another process has it
 
 	node      atomic.Pointer[string] // node name; nil until known (start from the cache file)
 	recorded  atomic.Int64
 	persisted atomic.Int64
+
+	fenceMu    sync.Mutex // serialises extend and end
+	ended      bool
+	validUntil atomic.Pointer[time.Time]
+	done       chan struct{} // closed by end
 
 	sessionOnce sync.Once
 	session     chan struct{} // closed when the first session is established
@@ -38,22 +48,26 @@ type lease struct {
 	// owned by run
 	failing    bool
 	lastCached int64
-	warnedNode bool
 
 	stop      chan struct{}
-	stopped   chan struct{}
+	stopped   chan struct{} // closed when run returns (at once without the claim)
+	wg        sync.WaitGroup
 	closeOnce sync.Once
 }
 
 func newLease(s *Source) *lease {
-	return &lease{src: s, session: make(chan struct{}), stop: make(chan struct{}), stopped: make(chan struct{})}
+	l := &lease{src: s, session: make(chan struct{}), stop: make(chan struct{}), stopped: make(chan struct{}),
+		done: make(chan struct{})}
+	past := s.s.Now()
+	l.validUntil.Store(&past) // not valid before the claim is made
+	return l
 }
 
 func (l *lease) WorkerID() int64       { return l.id }
 func (l *lease) HighWater() int64      { return l.highWater }
 func (l *lease) Record(ms int64)       { worker.RecordMax(&l.recorded, ms) }
-func (l *lease) ValidUntil() time.Time { return time.Time{} }
-func (l *lease) Done() <-chan struct{} { return nil }
+func (l *lease) ValidUntil() time.Time { return *l.validUntil.Load() }
+func (l *lease) Done() <-chan struct{} { return l.done }
 
 func (l *lease) nodePath() string {
 	if n := l.node.Load(); n != nil {
@@ -89,7 +103,7 @@ func (e errNoSession) Error() string {
 func (e errNoSession) Unwrap() error { return worker.ErrUnreachable }
 
 // onEvent follows the session: the client reconnects by itself and, once the session has
-// expired, makes a new one; all there is to do is to tell the operator and the metrics.
+// expired, makes a new one. An expired session took the claim with it, so the lease ends.
 // It runs on the client's goroutine and must not block. gen is the generation of the
 // connection the event comes from.
 func (l *lease) onEvent(gen uint64, ev zk.Event) {
@@ -117,14 +131,33 @@ func (l *lease) onEvent(gen uint64, ev zk.Event) {
 		}
 	case zk.StateExpired:
 		l.down = true
-		log.Warn("ZooKeeper session expired; making a new one (the worker ID node is persistent and stays ours)")
+		log.Warn("ZooKeeper session expired, and the worker ID's liveness claim with it")
 		l.src.s.Hooks.SessionExpired(l.id)
+		if l.claimed {
+			go l.end("session expired: refusing snowflake IDs until the worker ID is claimed again")
+		}
 	case zk.StateDisconnected:
 		if !l.down {
 			l.down = true
-			log.Warn("ZooKeeper connection lost; still issuing IDs, reconnecting")
+			log.Warn("ZooKeeper connection lost; reconnecting (IDs go on until the session could have expired)")
 		}
 	}
+}
+
+// start runs the lease's goroutines: with the claim, the reports and the proofs; without
+// it, the wait for a reason to acquire again.
+func (l *lease) start() {
+	l.wg.Add(1)
+	if !l.claimed {
+		close(l.stopped)
+		l.mu.Lock()
+		l.assigned = true
+		l.mu.Unlock()
+		go l.await()
+		return
+	}
+	go l.prove()
+	go l.run()
 }
 
 // run reports the high-water mark every ReportInterval until Close.
@@ -148,7 +181,9 @@ func (l *lease) run() {
 	}
 }
 
-// report writes the high-water mark to the node and the cache file.
+// report writes the high-water mark to the node and the cache file. The node is written
+// only upward (a compare-and-set on its version), so a late report of a lease that
+// has ended never lowers the mark of the next holder of the same ip:port.
 func (l *lease) report() {
 	hw := max(l.recorded.Load(), l.persisted.Load())
 	if hw != l.lastCached {
@@ -158,11 +193,19 @@ func (l *lease) report() {
 			l.lastCached = hw
 		}
 	}
-	if l.node.Load() == nil && !l.resolveNode() {
+	if l.node.Load() == nil {
 		return
 	}
 	err := l.do(func(c *zk.Conn) error {
-		_, err := c.Set(l.nodePath(), l.src.encode(hw), -1)
+		raw, stat, err := c.Get(l.nodePath())
+		if err != nil {
+			return err
+		}
+		var d nodeData
+		if json.Unmarshal(raw, &d) == nil && d.Timestamp >= hw {
+			return nil
+		}
+		_, err = c.Set(l.nodePath(), l.src.encode(hw), stat.Version)
 		return err
 	})
 	if err != nil {
@@ -180,36 +223,12 @@ func (l *lease) report() {
 	l.persisted.Store(hw)
 }
 
-// resolveNode finds the node after a start from the cache file, once ZooKeeper answers.
-func (l *lease) resolveNode() bool {
-	var seq int64
-	var name string
-	err := l.do(func(c *zk.Conn) (err error) {
-		seq, name, err = l.findNode(c)
-		return err
-	})
-	if err != nil {
-		l.src.s.Hooks.ReportError(l.id, err)
-		return false
-	}
-	if name == "" || seq != l.id {
-		if !l.warnedNode {
-			l.warnedNode = true
-			l.logger().WithFields(logrus.Fields{"found": name, "prefix": l.src.NodePrefix()}).
-				Error("ZooKeeper has no node for this ip:port with the cached worker ID; timestamps are kept in the cache file only")
-		}
-		return false
-	}
-	l.node.Store(&name)
-	l.logger().Info("found the worker ID node after starting from the cache file")
-	return true
-}
-
-// Close makes a last report, when ZooKeeper is there, and disconnects. The node stays: it
-// is this ip:port's worker ID for good.
+// Close makes a last report, when ZooKeeper is there, and disconnects, which ends the
+// session and so the claim. The node stays: it is this ip:port's worker ID for good.
 func (l *lease) Close(ctx context.Context) error {
 	l.closeOnce.Do(func() {
-		defer l.shutdown() // also ends a report stuck on a dead connection
+		defer l.wg.Wait()
+		defer l.shutdown() // also ends a report or a proof stuck on a dead connection
 		close(l.stop)
 		select {
 		case <-l.stopped:

@@ -37,7 +37,8 @@ func TestUnansweredReportDoesNotStallReports(t *testing.T) {
 	raw := rawConn(t, addr)
 
 	proxy.swallow.Store(opSetData)
-	l.Record(time.Now().UnixMilli() - 10)
+	// Above the node's timestamp (its creation time): reports only ever raise it.
+	l.Record(readNode(t, raw, node).Timestamp + 1)
 	waitUntil(t, 5*time.Second, "a report to be swallowed", func() bool { return proxy.swallowed.Load() > 0 })
 	proxy.swallow.Store(0)
 	healthy := time.Now()

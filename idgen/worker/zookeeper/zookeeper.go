@@ -7,9 +7,15 @@
 // its PR #108). The node's data, {"ip":…,"port":…,"timestamp":<ms>}, is rewritten every
 // 3 s with the last millisecond used, and a restart on the same ip:port reuses the node and
 // refuses to start while that timestamp is ahead of the clock. A local cache file keeps the
-// worker ID for starts while ZooKeeper is unreachable. Because the node is persistent and
-// bound to ip:port, losing ZooKeeper after start never stops issue: the client reconnects
-// (with a new session after expiry) and the reports resume.
+// worker ID known for starts while ZooKeeper is unreachable.
+//
+// Beyond Leaf, a lease is usable only while it holds the worker ID's liveness claim, an
+// ephemeral node /snowflake/{name}/live/{workerID} (see claim.go), so that two live
+// processes advertising the same ip:port never both issue IDs: the second one refuses until
+// the first is gone. A start from the cache file issues nothing until ZooKeeper answers and
+// the claim is made. Losing ZooKeeper after start stops issue only once the session could
+// have expired (two thirds of the session timeout after the last answered check); the
+// client reconnects, and after an expiry the worker ID is claimed again.
 package zookeeper
 
 import (
@@ -70,10 +76,11 @@ type Settings struct {
 
 // Source hands out Leaf-compatible worker IDs. It implements worker.Source.
 type Source struct {
-	s     Settings
-	key   string // ip:port
-	dir   string // /snowflake/{name}/forever
-	cache cacheFile
+	s       Settings
+	key     string // ip:port
+	dir     string // /snowflake/{name}/forever
+	liveDir string // /snowflake/{name}/live: the liveness claims
+	cache   cacheFile
 }
 
 var _ worker.Source = (*Source)(nil)
@@ -114,10 +121,11 @@ func New(s Settings) (*Source, error) {
 		s.Logger = logrus.StandardLogger()
 	}
 	return &Source{
-		s:     s,
-		key:   net.JoinHostPort(s.IP, s.Port),
-		dir:   path.Join("/snowflake", s.Name, "forever"),
-		cache: newCacheFile(s.CacheDir, s.Name, s.Port),
+		s:       s,
+		key:     net.JoinHostPort(s.IP, s.Port),
+		dir:     path.Join("/snowflake", s.Name, "forever"),
+		liveDir: path.Join("/snowflake", s.Name, "live"),
+		cache:   newCacheFile(s.CacheDir, s.Name, s.Port),
 	}, nil
 }
 
@@ -139,9 +147,11 @@ func (s *Source) encode(ts int64) []byte {
 	return b
 }
 
-// Acquire connects to ZooKeeper and finds or creates this process' node. When ZooKeeper
-// cannot be reached within ConnectTimeout it uses the worker ID of the cache file, and
-// keeps connecting in the background to resume the reports.
+// Acquire connects to ZooKeeper, finds or creates this process' node and claims its worker
+// ID. When another live process holds the claim, the lease it returns is not valid
+// (ValidUntil lies in the past) and ends (Done) once that process is gone. When ZooKeeper
+// cannot be reached within ConnectTimeout it takes the worker ID of the cache file, in a
+// lease that is not valid either and ends once ZooKeeper answers.
 func (s *Source) Acquire(ctx context.Context) (worker.Lease, error) {
 	l := newLease(s)
 	conn, err := l.dial()
@@ -154,6 +164,9 @@ func (s *Source) Acquire(ctx context.Context) (worker.Lease, error) {
 	if err == nil {
 		err = l.register()
 	}
+	if err == nil {
+		err = l.claim()
+	}
 	if err != nil && unreachable(err) && ctx.Err() == nil {
 		err = l.fromCache(err)
 	}
@@ -161,12 +174,17 @@ func (s *Source) Acquire(ctx context.Context) (worker.Lease, error) {
 		l.shutdown()
 		return nil, err
 	}
-	if err := s.cache.write(l.id, l.highWater); err != nil {
-		s.s.Logger.WithError(err).WithField("path", s.cache.path).Warn("writing the worker ID cache file failed")
+	switch {
+	case l.claimed:
+		if err := s.cache.write(l.id, l.highWater); err != nil {
+			s.s.Logger.WithError(err).WithField("path", s.cache.path).Warn("writing the worker ID cache file failed")
+		}
+		s.s.Logger.WithFields(logrus.Fields{"worker_id": l.id, "node": l.nodePath(), "high_water_ms": l.highWater}).
+			Info("worker ID assigned by ZooKeeper and claimed")
+	case l.other != nil:
+		l.logHeldElsewhere()
 	}
-	s.s.Logger.WithFields(logrus.Fields{"worker_id": l.id, "node": l.nodePath(), "high_water_ms": l.highWater}).
-		Info("worker ID assigned by ZooKeeper")
-	go l.run()
+	l.start()
 	return l, nil
 }
 
@@ -237,13 +255,16 @@ func (l *lease) setID(seq int64, name string) error {
 	return nil
 }
 
-// ensureDir creates /snowflake/{name}/forever and its parents as persistent nodes.
+// ensureDir creates /snowflake/{name}/forever, /snowflake/{name}/live and their parents
+// as persistent nodes.
 func (l *lease) ensureDir() error {
-	p := ""
-	for _, part := range strings.Split(strings.TrimPrefix(l.src.dir, "/"), "/") {
-		p += "/" + part
-		if _, err := l.conn.Create(p, nil, 0, zk.WorldACL(zk.PermAll)); err != nil && !errors.Is(err, zk.ErrNodeExists) {
-			return fmt.Errorf("zookeeper worker source: create %s: %w", p, err)
+	for _, dir := range []string{l.src.dir, l.src.liveDir} {
+		p := ""
+		for _, part := range strings.Split(strings.TrimPrefix(dir, "/"), "/") {
+			p += "/" + part
+			if _, err := l.conn.Create(p, nil, 0, zk.WorldACL(zk.PermAll)); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+				return fmt.Errorf("zookeeper worker source: create %s: %w", p, err)
+			}
 		}
 	}
 	return nil
@@ -294,7 +315,7 @@ func (l *lease) fromCache(zkErr error) error {
 	l.id, l.highWater = id, ts
 	l.persisted.Store(ts)
 	s.s.Logger.WithError(zkErr).WithFields(logrus.Fields{"worker_id": id, "path": s.cache.path}).
-		Warn("ZooKeeper unreachable at start; using the worker ID of the cache file")
+		Warn("ZooKeeper unreachable at start; the worker ID of the cache file issues nothing until ZooKeeper answers and it is claimed")
 	return nil
 }
 

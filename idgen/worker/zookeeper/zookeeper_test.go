@@ -19,6 +19,7 @@ import (
 	"github.com/go-zookeeper/zk"
 	"github.com/sirupsen/logrus/hooks/test"
 
+	"github.com/leafproxy/leafproxy/idgen"
 	"github.com/leafproxy/leafproxy/idgen/snowflake"
 	"github.com/leafproxy/leafproxy/idgen/worker"
 	"github.com/leafproxy/leafproxy/idgen/worker/zookeeper"
@@ -196,7 +197,7 @@ func TestRestartReusesNodeAndRecordsTimestamp(t *testing.T) {
 		t.Fatal(err)
 	}
 	node := fmt.Sprintf("%s/127.0.0.1:7001-%010d", forever(name), first.WorkerID())
-	mark := time.Now().UnixMilli() - 10
+	mark := readNode(t, raw, node).Timestamp + 1 // reports only ever raise the node's timestamp
 	first.Record(mark)
 	waitUntil(t, 5*time.Second, "the periodic report", func() bool { return readNode(t, raw, node).Timestamp == mark })
 	if d := readNode(t, raw, node); d.IP != "127.0.0.1" || d.Port != "7001" {
@@ -338,37 +339,42 @@ func TestCacheFileWhenZooKeeperIsDown(t *testing.T) {
 	if cached.WorkerID() != first.WorkerID() || cached.HighWater() != mark {
 		t.Fatalf("from the cache file: worker %d high-water %d, want %d and %d", cached.WorkerID(), cached.HighWater(), first.WorkerID(), mark)
 	}
+	// Without ZooKeeper nothing proves that no other live process uses the worker ID.
+	if !cached.ValidUntil().Before(time.Now()) {
+		t.Fatalf("a lease from the cache file is valid until %v while ZooKeeper is down", cached.ValidUntil())
+	}
 
-	// When ZooKeeper comes back, the lease finds its node and reports resume.
+	// When ZooKeeper comes back, the lease ends, and a new one claims the worker ID.
 	if err := z.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	later := time.Now().UnixMilli()
-	cached.Record(later)
-	node := fmt.Sprintf("%s/127.0.0.1:7001-%010d", forever(name), first.WorkerID())
-	raw := rawConn(t, z.Addr())
-	waitUntil(t, 20*time.Second, "reports to resume after ZooKeeper came back", func() bool {
-		return readNode(t, raw, node).Timestamp == later
-	})
+	select {
+	case <-cached.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the lease from the cache file did not end within 30 s of ZooKeeper's return")
+	}
+	again := acquire(t, newSource(t, s))
+	if again.WorkerID() != first.WorkerID() || again.HighWater() < mark || !time.Now().Before(again.ValidUntil()) {
+		t.Fatalf("after ZooKeeper came back: worker %d high-water %d valid until %v, want worker %d, high-water >= %d, valid",
+			again.WorkerID(), again.HighWater(), again.ValidUntil(), first.WorkerID(), mark)
+	}
 }
 
-// An outage long enough to expire the session does not stop issue; afterwards the client
-// makes a new session and the reports resume.
-func TestSessionExpiryKeepsIssuing(t *testing.T) {
+// An outage long enough to expire the session: the engine refuses IDs before the server
+// can end the session (two thirds of the session timeout after the last answered check),
+// so the claim never passes to another process while IDs are issued here; once the link is
+// back, the worker ID is claimed again through a new session and issue resumes.
+func TestSessionLossFencesUntilTheIDIsClaimedAgain(t *testing.T) {
 	addr := testenv.ZooKeeperAddr(t)
 	name := uniqueName(t, addr)
 	proxy := newCutProxy(t, addr)
 	s := settings(t, proxy.Addr(), name, "7001")
-	s.SessionTimeout = 2 * time.Second
+	s.SessionTimeout = 3 * time.Second
 	s.ReportInterval = 100 * time.Millisecond
-	var expired, reconnected, reportErrors atomic.Int32
-	s.Hooks = worker.Hooks{
-		OnSessionExpired: func(int64) { expired.Add(1) },
-		OnReconnect:      func(int64) { reconnected.Add(1) },
-		OnReportError:    func(int64, error) { reportErrors.Add(1) },
-	}
+	var expired atomic.Int32
+	s.Hooks = worker.Hooks{OnSessionExpired: func(int64) { expired.Add(1) }}
 	log, _ := test.NewNullLogger()
-	e, err := snowflake.New(snowflake.Settings{Source: newSource(t, s), Logger: log})
+	e, err := snowflake.New(snowflake.Settings{Source: newSource(t, s), Logger: log, RetryBackoff: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -376,31 +382,56 @@ func TestSessionExpiryKeepsIssuing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.Close(ctx)
-	next := func() int64 {
-		t.Helper()
-		id, err := e.Next(ctx, "")
-		if err != nil {
-			t.Fatalf("Next during the outage: %v", err)
-		}
-		return id
+	before, err := e.Next(ctx, "")
+	if err != nil {
+		t.Fatal(err)
 	}
-	next()
+	claim := fmt.Sprintf("/snowflake/%s/live/%d", name, e.Info().WorkerID)
+	raw := rawConn(t, addr)
+	if ok, _, err := raw.Exists(claim); !ok || err != nil {
+		t.Fatalf("no liveness claim %s (%v)", claim, err)
+	}
 
 	proxy.setCut(true)
-	// Keep issuing for twice the session timeout, so the server expires the session.
-	for end := time.Now().Add(2 * s.SessionTimeout); time.Now().Before(end); {
-		next()
-		time.Sleep(5 * time.Millisecond) // pacing, not waiting for a condition
-	}
-	if reportErrors.Load() == 0 {
-		t.Fatal("no failed report during the outage")
-	}
-	proxy.setCut(false)
-	waitUntil(t, 20*time.Second, "a new session after expiry", func() bool {
-		return expired.Load() > 0 && reconnected.Load() > 0
+	cut := time.Now()
+	var lastDuring int64
+	waitUntil(t, 2*s.SessionTimeout, "the engine to refuse IDs", func() bool {
+		id, err := e.Next(ctx, "")
+		if err == nil {
+			lastDuring = id
+		}
+		return errors.Is(err, idgen.ErrWorkerNotHeld)
 	})
-	last := e.Decompose(next()).Millis
+	refusedAfter := time.Since(cut)
+	// The server ends the session a session timeout after it last heard from us, which
+	// was before the cut: IDs must stop before that.
+	if refusedAfter >= s.SessionTimeout {
+		t.Fatalf("issued IDs for %v after the cut; the session can end %v after it", refusedAfter, s.SessionTimeout)
+	}
+	if lastDuring != 0 {
+		if at := time.UnixMilli(e.Decompose(lastDuring).Millis); !at.Before(cut.Add(s.SessionTimeout)) {
+			t.Fatalf("an ID of %v, after the session could have ended", at)
+		}
+	}
+	waitUntil(t, 4*s.SessionTimeout, "the server to end the session and its claim", func() bool {
+		ok, _, err := raw.Exists(claim)
+		return err == nil && !ok
+	})
+
+	proxy.setCut(false)
+	var after int64
+	waitUntil(t, 30*time.Second, "issue to resume with the worker ID claimed again", func() bool {
+		after, err = e.Next(ctx, "")
+		return err == nil
+	})
+	if e.Decompose(after).Worker != e.Decompose(before).Worker || after <= before || expired.Load() == 0 {
+		t.Fatalf("after the outage: ID %d (before %d), session expiries counted %d", after, before, expired.Load())
+	}
+	if ok, _, err := raw.Exists(claim); !ok || err != nil {
+		t.Fatalf("the worker ID was not claimed again: %v", err)
+	}
+	t.Logf("IDs refused %v after the cut (session timeout %v)", refusedAfter.Round(time.Millisecond), s.SessionTimeout)
 	node := fmt.Sprintf("%s/127.0.0.1:7001-%010d", forever(name), e.Info().WorkerID)
-	raw := rawConn(t, addr)
+	last := e.Decompose(after).Millis
 	waitUntil(t, 10*time.Second, "reports to resume", func() bool { return readNode(t, raw, node).Timestamp >= last })
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os/exec"
 	"syscall"
 	"testing"
 	"time"
@@ -117,5 +118,37 @@ func TestWorkerOverlapsFindsTwoHoldersAtOnce(t *testing.T) {
 	add(c, "A", 2, ms(1), 5, 0) // the next run, after the last ID of the one before
 	if got := c.WorkerOverlaps(); len(got) != 0 {
 		t.Errorf("A run 1 at ms 0, A run 2 at ms 1: overlaps %q, want none", got)
+	}
+}
+
+func TestRunningThreadsSeesAStoppedProcess(t *testing.T) {
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	pid := cmd.Process.Pid
+	if n, err := runningThreads(pid); err != nil || n != 1 {
+		t.Fatalf("a sleeping process: %d running threads, %v; want 1", n, err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n, err := runningThreads(pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d threads still counted as running 10 s after SIGSTOP", n)
+		}
+		<-time.After(time.Millisecond)
+	}
+	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -3,6 +3,10 @@ package e2e
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -35,6 +39,40 @@ func waitLeaseExpired(t testing.TB, dsn string, worker int64, timeout time.Durat
 			t.Fatalf("the lease row of worker %d has not expired within %v", worker, timeout)
 		}
 		<-time.After(50 * time.Millisecond)
+	}
+}
+
+// waitStopped waits until every thread of the process is stopped (state T): kill(SIGSTOP)
+// returns before the threads running on other processors have stopped.
+func waitStopped(t testing.TB, pid int, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+		if err != nil || len(tasks) == 0 {
+			t.Fatalf("threads of pid %d: %v", pid, err)
+		}
+		stopped := true
+		for _, task := range tasks {
+			b, err := os.ReadFile(task)
+			if err != nil {
+				stopped = false // a thread that just ended: look again
+				break
+			}
+			// pid (comm) state …: comm may hold spaces, so read after its last ')'.
+			rest := string(b[strings.LastIndexByte(string(b), ')')+1:])
+			if f := strings.Fields(rest); len(f) == 0 || f[0] != "T" {
+				stopped = false
+				break
+			}
+		}
+		if stopped {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pid %d not stopped within %v of SIGSTOP", pid, timeout)
+		}
+		<-time.After(5 * time.Millisecond)
 	}
 }
 
@@ -88,6 +126,7 @@ func TestPausedHolderIssuesNothingOnALostLease(t *testing.T) {
 			a.Signal(syscall.SIGCONT)
 		}
 	}()
+	waitStopped(t, a.Pid(), 10*time.Second)
 	// The queries go out now and wait in A's sockets: A cannot read them.
 	answers := make(chan pausedAnswer, clients)
 	for _, c := range conns {

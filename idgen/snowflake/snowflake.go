@@ -187,7 +187,7 @@ func (e *Engine) fence(r time.Duration) error {
 	if until.IsZero() || r < until.Sub(e.base) {
 		return nil
 	}
-	return fmt.Errorf("%w: the lease on worker %d is not valid at this time (it ends %v before it)",
+	return fmt.Errorf("%w: the lease on worker %d is not valid now (its deadline passed %v ago: not renewed in time, or held by another process)",
 		idgen.ErrWorkerNotHeld, e.workerID, r-until.Sub(e.base))
 }
 

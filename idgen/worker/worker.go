@@ -81,12 +81,6 @@ var (
 	ErrBadState = errors.New("worker: bad worker ID state file")
 )
 
-// Usable reports whether a lease whose deadline is validUntil may stamp an ID with the
-// clock reading now.
-func Usable(validUntil, now time.Time) bool {
-	return validUntil.IsZero() || now.Before(validUntil)
-}
-
 // MaxID is the largest worker ID of the default layout (10 worker bits).
 const MaxID = 1023
 

@@ -53,7 +53,9 @@ type Settings struct {
 	// address and leaf.snowflake.port). IP defaults to the first non-loopback IPv4.
 	IP   string
 	Port string
-	// SessionTimeout of the ZooKeeper session. 0 means DefaultSessionTimeout.
+	// SessionTimeout of the ZooKeeper session. 0 means DefaultSessionTimeout. It also
+	// fences the worker ID: IDs stop two thirds of it after the last answered check of the
+	// liveness claim (see claim.go), so the servers' maxSessionTimeout must not be below it.
 	SessionTimeout time.Duration
 	// ConnectTimeout is how long Acquire waits for ZooKeeper before it falls back to the
 	// cache file. 0 means DefaultConnectTimeout.

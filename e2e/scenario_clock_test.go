@@ -69,7 +69,7 @@ func setClockOffset(t testing.TB, p *Proxy, offset string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	client := &http.Client{Timeout: 5 * time.Second}
+	client := &http.Client{Timeout: 15 * time.Second}
 	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatalf("set clock offset %s: %v", offset, err)

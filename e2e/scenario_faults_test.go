@@ -219,6 +219,10 @@ func (g *faultRig) restartPostgres() {
 
 func (g *faultRig) killZKLeader() {
 	g.t.Helper()
+	// The ensemble may still be settling from an earlier fault: wait for a leader first.
+	if _, err := waitLeader(g.ens, nil, time.Minute); err != nil {
+		g.t.Fatal(err)
+	}
 	leader, err := zkLeader(g.t, g.ens)
 	if err != nil {
 		g.t.Fatal(err)

@@ -159,6 +159,11 @@ func TestCatalogFilling(t *testing.T) {
 	if _, err := conn.Exec(ctx, "INSERT INTO tickets (title) VALUES ('x')"); !errors.As(err, &pgErr) || pgErr.Code != "22003" || !strings.Contains(pgErr.Message, "key column") {
 		t.Errorf("column-list insert past the maximum: %v, want 22003", err)
 	}
+	// A COPY into the integer key fails as a whole when an ID does not fit.
+	_, err = conn.PgConn().CopyFrom(ctx, strings.NewReader("c1\nc2\n"), "COPY tickets (title) FROM STDIN")
+	if !errors.As(err, &pgErr) || pgErr.Code != "22003" || !strings.Contains(pgErr.Message, "out of range for the key column") {
+		t.Errorf("COPY past the maximum: %v, want the range error", err)
+	}
 	var tickets int
 	if err := direct.QueryRow(ctx, "SELECT count(*) FROM tickets").Scan(&tickets); err != nil || tickets != len(got) {
 		t.Errorf("tickets holds %d rows (%v), want the %d accepted", tickets, err, len(got))

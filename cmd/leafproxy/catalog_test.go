@@ -7,6 +7,7 @@ import (
 	"math"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,7 +17,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/leafproxy/leafproxy/idgen/snowflake"
+	"github.com/leafproxy/leafproxy/internal/config"
 	"github.com/leafproxy/leafproxy/internal/testenv"
+	"github.com/leafproxy/leafproxy/rewrite"
 )
 
 // TestCatalogFilling runs the INSERT forms without a column list through a running proxy
@@ -196,5 +199,67 @@ func TestCatalogFilling(t *testing.T) {
 	var logged, loggedKeys int
 	if err := direct.QueryRow(ctx, "SELECT count(*), count(id) FROM ruled_log").Scan(&logged, &loggedKeys); err != nil || logged != 2 || loggedKeys != 2 {
 		t.Errorf("ruled_log holds %d rows, %d with keys (%v); want 2 and 2", logged, loggedKeys, err)
+	}
+}
+
+// TestCatalogLoad reads the columns of the filled tables in every schema a rule allows,
+// without dropped columns, and reports a change of the columns on the next read.
+func TestCatalogLoad(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.NewDatabase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	direct, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close(ctx)
+	for _, sql := range []string{
+		"CREATE SCHEMA app",
+		"CREATE SCHEMA billing",
+		"CREATE TABLE orders (x int, id bigint, item text)",
+		"ALTER TABLE orders DROP COLUMN x",
+		"CREATE TABLE app.orders (id integer, note text)",
+		"CREATE TABLE invoices (n int)",
+		"CREATE TABLE billing.invoices (no smallint)",
+		"CREATE TABLE unrelated (id bigint)",
+	} {
+		if _, err := direct.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	rules := []config.FillRule{
+		{Table: "orders", Column: "id", Tag: "order"},
+		{Schema: "billing", Table: "invoices", Column: "no", Tag: "inv"},
+	}
+	cat, err := newCatalog(dsn, upstreamOf(t, dsn), rules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := cat.load(ctx); err != nil || !changed {
+		t.Fatalf("first load: changed %v, %v", changed, err)
+	}
+	want := map[tableName]rewrite.Table{
+		{"public", "orders"}:    {Columns: []string{"id", "item"}, Types: []string{"bigint", "text"}},
+		{"app", "orders"}:       {Columns: []string{"id", "note"}, Types: []string{"integer", "text"}},
+		{"billing", "invoices"}: {Columns: []string{"no"}, Types: []string{"smallint"}},
+	}
+	if got := *cat.snap.Load(); !reflect.DeepEqual(got, want) {
+		t.Errorf("catalog %v, want %v", got, want)
+	}
+	if typ := cat.keyType(rules[1]); typ != "smallint" {
+		t.Errorf("key type of %s = %q, want smallint", rules[1], typ)
+	}
+	if changed, err := cat.load(ctx); err != nil || changed {
+		t.Errorf("second load without DDL: changed %v, %v", changed, err)
+	}
+	if _, err := direct.Exec(ctx, "ALTER TABLE orders ADD COLUMN qty int"); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := cat.load(ctx); err != nil || !changed {
+		t.Errorf("load after ADD COLUMN: changed %v, %v", changed, err)
+	}
+	if tb, ok := cat.Table("public", "orders"); !ok || !reflect.DeepEqual(tb.Columns, []string{"id", "item", "qty"}) {
+		t.Errorf("public.orders after ADD COLUMN: %v", tb.Columns)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"net"
 	"reflect"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -27,12 +28,15 @@ type tableName struct{ schema, table string }
 // pg_attribute (attnum order, dropped columns left out) with the store's credentials and
 // database, and replaced as a whole on each refresh. It is safe for concurrent use.
 type catalog struct {
-	conn  *pgx.ConnConfig // the store's settings at the upstream's address
-	rules []config.FillRule
-	snap  atomic.Pointer[map[tableName]rewrite.Table]
+	conn *pgx.ConnConfig // the store's settings at the upstream's address
+	snap atomic.Pointer[map[tableName]rewrite.Table]
+
+	mu    sync.Mutex
+	rules []config.FillRule // the rules whose tables are read; setRules replaces them
 }
 
 // newCatalog returns a catalog of the tables rules fill, empty until the first load.
+// setRules changes the rules when the rule set changes.
 func newCatalog(store, upstream string, rules []config.FillRule) (*catalog, error) {
 	cc, err := pgx.ParseConfig(store)
 	if err != nil {
@@ -53,6 +57,13 @@ func newCatalog(store, upstream string, rules []config.FillRule) (*catalog, erro
 	empty := map[tableName]rewrite.Table{}
 	c.snap.Store(&empty)
 	return c, nil
+}
+
+// setRules makes the next load read the tables of rules.
+func (c *catalog) setRules(rules []config.FillRule) {
+	c.mu.Lock()
+	c.rules = rules
+	c.mu.Unlock()
 }
 
 // Table implements rewrite.Catalog.
@@ -78,8 +89,11 @@ func (c *catalog) load(ctx context.Context) (changed bool, err error) {
 		return false, fmt.Errorf("catalog: %w", err)
 	}
 	defer conn.Close(context.Background())
+	c.mu.Lock()
+	rules := c.rules
+	c.mu.Unlock()
 	var names []string
-	for _, r := range c.rules {
+	for _, r := range rules {
 		names = append(names, r.Table)
 	}
 	rows, err := conn.Query(ctx, catalogQuery, names)
@@ -89,7 +103,7 @@ func (c *catalog) load(ctx context.Context) (changed bool, err error) {
 	snap := map[tableName]rewrite.Table{}
 	var schema, table, column, typ string
 	_, err = pgx.ForEachRow(rows, []any{&schema, &table, &column, &typ}, func() error {
-		if !c.filled(schema, table) {
+		if !filled(rules, schema, table) {
 			return nil
 		}
 		k := tableName{schema, table}
@@ -107,9 +121,9 @@ func (c *catalog) load(ctx context.Context) (changed bool, err error) {
 	return changed, nil
 }
 
-// filled reports whether a rule fills schema.table.
-func (c *catalog) filled(schema, table string) bool {
-	for _, r := range c.rules {
+// filled reports whether one of rules fills schema.table.
+func filled(rules []config.FillRule, schema, table string) bool {
+	for _, r := range rules {
 		if r.Table == table && (r.Schema == "" || r.Schema == schema) {
 			return true
 		}
@@ -136,8 +150,9 @@ func (c *catalog) keyType(r config.FillRule) string {
 	return ""
 }
 
-// catalogRules reads the catalog of the filled tables and returns the rules for the
-// rewriter and the catalog it plans with (nil without rules). A snowflake tag on an
+// catalogRules reads the catalog of the tables cfgRules fill and returns the rules for the
+// rewriter and the catalog it plans with (nil without rules). Call it whenever the rule
+// set is (re)loaded: the catalog is then reread for the new rules. A snowflake tag on an
 // integer or smallint key is refused: its IDs never fit. The rule is logged and left out;
 // the others apply. When the upstream cannot be read now, every rule applies and the
 // catalog is read at the next refresh (until then an INSERT without a column list is
@@ -146,10 +161,14 @@ func (a *app) catalogRules(cfgRules []config.FillRule) ([]rewrite.FillRule, rewr
 	if len(cfgRules) == 0 {
 		return nil, nil, nil
 	}
-	cat, err := newCatalog(a.cfg.Store, a.cfg.Upstream, cfgRules)
-	if err != nil {
-		return nil, nil, err
+	cat := a.catalog
+	if cat == nil {
+		var err error
+		if cat, err = newCatalog(a.cfg.Store, a.cfg.Upstream, cfgRules); err != nil {
+			return nil, nil, err
+		}
 	}
+	cat.setRules(cfgRules)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if _, err := cat.load(ctx); err != nil {
@@ -166,6 +185,13 @@ func (a *app) catalogRules(cfgRules []config.FillRule) ([]rewrite.FillRule, rewr
 	}
 	a.catalog = cat
 	return rules, cat, nil
+}
+
+// rewriterNow is the rewriter the proxy plans with.
+func (a *app) rewriterNow() *rewrite.Rewriter {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.rewriter
 }
 
 // refreshCatalog rereads the catalog every catalogRefresh until ctx ends, dropping the
@@ -186,7 +212,7 @@ func (a *app) refreshCatalog(ctx context.Context) {
 		case err != nil:
 			a.log.WithError(err).Warn("cannot read the columns of the filled tables")
 		case changed:
-			a.rewriter.CatalogChanged()
+			a.rewriterNow().CatalogChanged()
 			a.log.Info("columns of the filled tables changed; plans dropped")
 		}
 	}

@@ -114,8 +114,7 @@ type app struct {
 	debug     map[string]http.Handler
 	proxy     *proxy.Server
 	http      *http.Server
-	catalog   *catalog          // columns of the filled tables; nil without fill rules
-	rewriter  *rewrite.Rewriter // the proxy's, told when the catalog changes
+	catalog   *catalog // columns of the filled tables; nil without fill rules
 
 	upstreamProbe *health.Probe
 	storeProbe    *health.Probe
@@ -125,6 +124,7 @@ type app struct {
 	mu        sync.Mutex
 	conflicts []string             // tags both in snowflake-tags and leaf_alloc
 	lease     *httpapi.LeaseStatus // the lease row as last read
+	rewriter  *rewrite.Rewriter    // the proxy's, told when the catalog changes
 }
 
 func (a *app) run(ctx context.Context) (err error) {
@@ -377,7 +377,9 @@ func (a *app) newProxy() (*proxy.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fill: %w", err)
 	}
+	a.mu.Lock()
 	a.rewriter = rw
+	a.mu.Unlock()
 	s := &proxy.Server{
 		Rewriter:        rw,
 		IDs:             &idSource{router: a.router},

@@ -162,6 +162,12 @@ func TestCatalogFilling(t *testing.T) {
 	if _, err := conn.Exec(ctx, "INSERT INTO tickets (title) VALUES ('x')"); !errors.As(err, &pgErr) || pgErr.Code != "22003" || !strings.Contains(pgErr.Message, "key column") {
 		t.Errorf("column-list insert past the maximum: %v, want 22003", err)
 	}
+	// The same in the simple protocol (psql), and the session goes on.
+	q = exec.Command(psql, "-X", "-At", url)
+	q.Stdin = strings.NewReader("INSERT INTO tickets VALUES (DEFAULT, 'psql');\nSELECT 'still here';\n")
+	if out, _ := q.CombinedOutput(); !strings.Contains(string(out), "out of range for the key column") || !strings.Contains(string(out), "still here") {
+		t.Errorf("psql insert past the maximum: %s; want the range error, then the next statement's answer", out)
+	}
 	// A COPY into the integer key fails as a whole when an ID does not fit.
 	_, err = conn.PgConn().CopyFrom(ctx, strings.NewReader("c1\nc2\n"), "COPY tickets (title) FROM STDIN")
 	if !errors.As(err, &pgErr) || pgErr.Code != "22003" || !strings.Contains(pgErr.Message, "out of range for the key column") {

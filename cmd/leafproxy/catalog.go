@@ -194,10 +194,10 @@ func (a *app) rewriterNow() *rewrite.Rewriter {
 	return a.rewriter
 }
 
-// refreshCatalog rereads the catalog every catalogRefresh until ctx ends, dropping the
+// refreshCatalog rereads the catalog every interval until ctx ends, dropping the
 // rewriter's cached plans when the columns changed.
-func (a *app) refreshCatalog(ctx context.Context) {
-	t := time.NewTicker(catalogRefresh)
+func (a *app) refreshCatalog(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"math"
 	"os/exec"
 	"path/filepath"
@@ -15,7 +16,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/sirupsen/logrus"
 
+	"github.com/leafproxy/leafproxy/idgen"
 	"github.com/leafproxy/leafproxy/idgen/snowflake"
 	"github.com/leafproxy/leafproxy/internal/config"
 	"github.com/leafproxy/leafproxy/internal/testenv"
@@ -267,5 +270,69 @@ func TestCatalogLoad(t *testing.T) {
 	}
 	if tb, ok := cat.Table("public", "orders"); !ok || !reflect.DeepEqual(tb.Columns, []string{"id", "item", "qty"}) {
 		t.Errorf("public.orders after ADD COLUMN: %v", tb.Columns)
+	}
+}
+
+// TestCatalogRefresh: when a filled table's columns change, the refresh rereads them and
+// the rewriter drops its plans, so the same INSERT text is planned by the new column order.
+func TestCatalogRefresh(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.NewDatabase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	direct, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close(ctx)
+	if _, err := direct.Exec(ctx, "CREATE TABLE t (id bigint, v text)"); err != nil {
+		t.Fatal(err)
+	}
+	log := logrus.New()
+	log.SetOutput(io.Discard)
+	a := &app{cfg: &config.Config{Store: dsn, Upstream: upstreamOf(t, dsn)}, log: log,
+		router: idgen.NewRouter(nil, nil, nil)}
+	rules, cat, err := a.catalogRules([]config.FillRule{{Table: "t", Column: "id", Tag: "x"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rw, err := rewrite.New(rewrite.Settings{Fill: rules, Catalog: cat})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.rewriter = rw
+	const sql = "INSERT INTO t VALUES (DEFAULT, DEFAULT)"
+	literal := func() string {
+		p, err := rw.Plan(sql)
+		if err != nil || p == nil {
+			t.Fatalf("Plan(%q) = %v, %v", sql, p, err)
+		}
+		return string(p.AppendLiteral(nil, []int64{9}))
+	}
+	if got, want := literal(), "INSERT INTO t VALUES (9::int8, DEFAULT)"; got != want {
+		t.Fatalf("before the change: %s, want %s", got, want)
+	}
+	for _, ddl := range []string{"ALTER TABLE t DROP COLUMN id", "ALTER TABLE t ADD COLUMN id integer"} {
+		if _, err := direct.Exec(ctx, ddl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		a.refreshCatalog(rctx, 20*time.Millisecond)
+	}()
+	defer func() { stop(); <-done }()
+	want := "INSERT INTO t VALUES (DEFAULT, 9::int8)"
+	deadline := time.Now().Add(30 * time.Second)
+	for literal() != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("after the change: %s, want %s", literal(), want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if p, _ := rw.Plan(sql); p.Slots[0].Max != math.MaxInt32 {
+		t.Errorf("slot %v after the key became integer, want the integer maximum", p.Slots[0])
 	}
 }

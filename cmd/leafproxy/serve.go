@@ -304,7 +304,7 @@ func (a *app) run(ctx context.Context) (err error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			a.refreshCatalog(ctx)
+			a.refreshCatalog(ctx, catalogRefresh)
 		}()
 	}
 	serveErr := make(chan error, 1)

@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
@@ -53,6 +54,22 @@ const (
 // CancelRequest for the session ends it (see cancelIDWait), and the statement fails with
 // PostgreSQL's 57014 while the session stays usable.
 func (c *conn) nextID(slot rewrite.Slot, tag string) (int64, error) {
+	id, err := c.drawID(slot, tag)
+	if err == nil && slot.Max > 0 && id > slot.Max {
+		// The key column is an integer or smallint: the ID must not reach the server, which
+		// would store it as another number or fail part way through a statement.
+		return 0, &rewrite.Error{Code: codeNumericOutOfRange,
+			Message: fmt.Sprintf("ID %d of tag %q is out of range for the key column (at most %d)", id, slot.Tag, slot.Max),
+			Hint:    "The tag's IDs have outgrown the column's type: change the key column to bigint (ALTER TABLE … ALTER COLUMN … TYPE bigint)."}
+	}
+	return id, err
+}
+
+// codeNumericOutOfRange is the SQLSTATE of an ID too large for its key column.
+const codeNumericOutOfRange = "22003"
+
+// drawID takes one ID for slot from the ID source.
+func (c *conn) drawID(slot rewrite.Slot, tag string) (int64, error) {
 	if p, ok := c.srv.IDs.(IDProber); ok {
 		if id, ok := tryNextID(p, slot, tag); ok {
 			return id, nil

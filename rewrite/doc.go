@@ -42,8 +42,15 @@
 //     catalog.
 //   - Fill rules: a rule with a Schema matches only names qualified with that
 //     schema, one without matches the table in any schema. An INSERT without a
-//     column list into a filled table is refused (0A000): without the catalog
-//     the proxy cannot know the column order. A key given as a parameter or an
+//     column list into a filled table is planned from the Catalog's column
+//     list (an unqualified name is looked up in the public schema): DEFAULT
+//     or NULL at the key's position is replaced, any other value is left
+//     alone, and a row too short to reach the key is refused (0A000). Without
+//     the table in the Catalog such an INSERT is refused (0A000). Plans
+//     depend on the Catalog: CatalogChanged drops every cached plan. A key of
+//     type integer or smallint gets slots with a Max the proxy checks (22003).
+//     A COPY … FROM without a column list into a filled table is refused
+//     (0A000) with a hint to list the columns. A key given as a parameter or an
 //     expression passes untouched even if it is NULL at run time; only DEFAULT
 //     and a literal NULL are replaced.
 //   - COPY … FROM STDIN (binary, text or CSV) into a filled table whose

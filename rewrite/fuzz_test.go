@@ -26,7 +26,7 @@ func FuzzPlan(f *testing.F) {
 	}
 	rw, ref := shapeRewriters(f)
 	f.Fuzz(func(t *testing.T, sql string) {
-		p, _, err := ref.build(sql)
+		p, _, err := ref.build(ref.caches.Load(), sql)
 		if err != nil {
 			var e *Error
 			if !errors.As(err, &e) || (e.Code != CodeInvalidParameter && e.Code != CodeNotSupported) {

@@ -31,7 +31,24 @@ var goldenSettings = Settings{Fill: []FillRule{
 	{Table: "events", Column: "id", Tag: "event"},
 	{Table: "events", Column: "seq", Tag: "event_seq"},
 	{Table: "accounts", Column: "user", Tag: "acct"},
-}}
+	{Table: "tickets", Column: "id", Tag: "ticket"},
+}, Catalog: goldenCatalog}
+
+// goldenCatalog is the catalog the golden cases see: accounts and the
+// tables of other schemas are not in it.
+var goldenCatalog = mapCatalog{
+	"public.orders":  {Columns: []string{"id", "item", "qty"}, Types: []string{"bigint", "text", "integer"}},
+	"public.events":  {Columns: []string{"note", "seq", "id"}, Types: []string{"text", "bigint", "bigint"}},
+	"public.tickets": {Columns: []string{"id", "title"}, Types: []string{"integer", "text"}},
+}
+
+// mapCatalog is a Catalog keyed by "schema.table".
+type mapCatalog map[string]Table
+
+func (m mapCatalog) Table(schema, table string) (Table, bool) {
+	t, ok := m[schema+"."+table]
+	return t, ok
+}
 
 // executeIDs is how many IDs the golden files append to an EXECUTE, as if
 // its prepared statement had that many slots.

@@ -15,10 +15,54 @@ func (r *Rewriter) rules(rel *pg_query.RangeVar) []fillRule {
 	var out []fillRule
 	for _, f := range r.fill {
 		if f.Table == rel.Relname && (f.Schema == "" || f.Schema == rel.Schemaname) {
+			f.max = r.keyMax(rel, f)
 			out = append(out, f)
 		}
 	}
 	return out
+}
+
+// table asks the catalog for the columns of an INSERT or COPY target; an
+// unqualified name is looked up in the public schema.
+func (r *Rewriter) table(rel *pg_query.RangeVar) (Table, bool) {
+	if r.catalog == nil {
+		return Table{}, false
+	}
+	schema := rel.Schemaname
+	if schema == "" {
+		schema = "public"
+	}
+	return r.catalog.Table(schema, rel.Relname)
+}
+
+// keyPosition returns the 0-based position of the rule's column among the
+// table's columns, -1 when the catalog does not know it.
+func (r *Rewriter) keyPosition(rel *pg_query.RangeVar, rule fillRule) int {
+	t, ok := r.table(rel)
+	if !ok {
+		return -1
+	}
+	for i, c := range t.Columns {
+		if c == rule.Column {
+			return i
+		}
+	}
+	return -1
+}
+
+// keyMax returns the largest ID the rule's key column holds by its type in
+// the catalog, 0 for bigint or an unknown type.
+func (r *Rewriter) keyMax(rel *pg_query.RangeVar, rule fillRule) int64 {
+	t, ok := r.table(rel)
+	if !ok {
+		return 0
+	}
+	for i, c := range t.Columns {
+		if c == rule.Column && i < len(t.Types) {
+			return maxForType(t.Types[i])
+		}
+	}
+	return 0
 }
 
 // insert plans an INSERT that runs once: its VALUES rows are evaluated once
@@ -62,9 +106,22 @@ func (p *planner) insert(ins *pg_query.InsertStmt) {
 					"INSERT … SELECT into %s without %s is not supported: the proxy fills %s only in INSERT … VALUES", ins.Relation.Relname, rule.Column, rule.Column))
 			}
 		case len(ins.Cols) == 0:
-			p.fail(p.errAt(CodeNotSupported, relLoc,
-				"Name the columns, e.g. INSERT INTO "+ins.Relation.Relname+" (col, …) VALUES (…): without the catalog the proxy cannot know where "+rule.colSQL+" goes.",
-				"INSERT into %s without a column list is not supported: the proxy fills %s", ins.Relation.Relname, rule.Column))
+			pos := p.rw.keyPosition(ins.Relation, rule)
+			if pos < 0 {
+				p.fail(p.errAt(CodeNotSupported, relLoc,
+					"Name the columns, e.g. INSERT INTO "+ins.Relation.Relname+" (col, …) VALUES (…): without the catalog the proxy cannot know where "+rule.colSQL+" goes.",
+					"INSERT into %s without a column list is not supported: the proxy fills %s", ins.Relation.Relname, rule.Column))
+				continue
+			}
+			for _, row := range sel.ValuesLists {
+				if len(row.GetList().GetItems()) <= pos {
+					p.fail(p.errAt(CodeNotSupported, relLoc,
+						"Give every row a value for "+rule.colSQL+" (DEFAULT lets the proxy fill it), or name the columns.",
+						"INSERT into %s without a column list gives a row no value for %s, which the proxy fills", ins.Relation.Relname, rule.Column))
+					break
+				}
+			}
+			p.replaceDefaults(sel, pos, rule)
 		case idx >= 0:
 			p.replaceDefaults(sel, idx, rule)
 		default:
@@ -117,7 +174,7 @@ func (p *planner) replaceDefaults(sel *pg_query.SelectStmt, idx int, rule fillRu
 			p.internal(loc, "DEFAULT")
 			return
 		}
-		p.add(slotEdit{edit: edit{start: loc, end: int(toks[i].End)}, hasSlot: true, slot: Slot{Kind: SlotTag, Tag: rule.Tag}})
+		p.add(slotEdit{edit: edit{start: loc, end: int(toks[i].End)}, hasSlot: true, slot: Slot{Kind: SlotTag, Tag: rule.Tag, Max: rule.max}})
 	}
 }
 
@@ -134,7 +191,7 @@ func (p *planner) addColumn(ins *pg_query.InsertStmt, closes []int, rule fillRul
 	p.add(slotEdit{edit: edit{start: at, end: at, text: ", " + rule.colSQL}})
 	for _, k := range closes {
 		at := int(toks[k].Start)
-		p.add(slotEdit{edit: edit{start: at, end: at, text: ", "}, hasSlot: true, slot: Slot{Kind: SlotTag, Tag: rule.Tag}})
+		p.add(slotEdit{edit: edit{start: at, end: at, text: ", "}, hasSlot: true, slot: Slot{Kind: SlotTag, Tag: rule.Tag, Max: rule.max}})
 	}
 }
 
@@ -196,7 +253,7 @@ func (p *planner) defaultValues(ins *pg_query.InsertStmt, rules []fillRule) {
 	}
 	cols += ") VALUES ("
 	for i, r := range rules {
-		e := slotEdit{edit: edit{start: end, end: end, text: ", "}, hasSlot: true, slot: Slot{Kind: SlotTag, Tag: r.Tag}}
+		e := slotEdit{edit: edit{start: end, end: end, text: ", "}, hasSlot: true, slot: Slot{Kind: SlotTag, Tag: r.Tag, Max: r.max}}
 		if i == 0 {
 			e.start, e.text = start, cols
 		}
@@ -243,14 +300,24 @@ func hasValueFor(cols []*pg_query.Node, src *pg_query.Node, col string) bool {
 // PostgreSQL's own rules, so the proxy reads the stream exactly. Any other
 // COPY FROM is refused, since its rows would take the key from the column's
 // default (a sequence that knows nothing of the IDs the proxy hands out) or
-// fail on NOT NULL part way through the load. Without a column list COPY reads every column, the key
-// among them, from the data.
+// fail on NOT NULL part way through the load. A COPY without a column list
+// into a filled table is refused too: the proxy would have to know where the
+// key is in every row, and a client that sends keys would collide with it.
 func (p *planner) copyFrom(c *pg_query.CopyStmt) {
-	if !c.IsFrom || len(c.Attlist) == 0 {
+	if !c.IsFrom {
+		return
+	}
+	rules := p.rw.rules(c.Relation)
+	if len(c.Attlist) == 0 {
+		for _, rule := range rules {
+			p.fail(p.errAt(CodeNotSupported, int(c.Relation.Location),
+				"List the columns, e.g. COPY "+c.Relation.Relname+" (col, …) FROM STDIN, leaving "+rule.colSQL+" out: the proxy then adds it to every row.",
+				"COPY into %s without a column list is not supported: the proxy fills %s", c.Relation.Relname, rule.Column))
+		}
 		return
 	}
 	var missing []fillRule
-	for _, rule := range p.rw.rules(c.Relation) {
+	for _, rule := range rules {
 		if !columnName(c.Attlist, rule.Column) {
 			missing = append(missing, rule)
 		}
@@ -387,7 +454,7 @@ func (p *planner) addCopyKeys(c *pg_query.CopyStmt, missing []fillRule, format C
 	fill := &CopyFill{Format: format}
 	for _, rule := range missing {
 		p.add(slotEdit{edit: edit{start: at, end: at, text: ", " + rule.colSQL}})
-		fill.Keys = append(fill.Keys, Slot{Kind: SlotTag, Tag: rule.Tag})
+		fill.Keys = append(fill.Keys, Slot{Kind: SlotTag, Tag: rule.Tag, Max: rule.max})
 		fill.Columns = append(fill.Columns, rule.Column)
 	}
 	p.copyFill = fill

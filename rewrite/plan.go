@@ -36,12 +36,19 @@ type Slot struct {
 	Kind  SlotKind
 	Tag   string // SlotTag
 	Param int    // SlotTagParam: 1-based client parameter holding the tag
+	// Max, when not 0, is the largest ID the slot's column holds (an integer
+	// or smallint key): a larger ID must be refused with 22003 before the
+	// statement leaves the proxy.
+	Max int64
 }
 
 // String renders a slot as the golden files print it: tag:order, param:$1, snowflake.
 func (s Slot) String() string {
 	switch s.Kind {
 	case SlotTag:
+		if s.Max != 0 {
+			return "tag:" + s.Tag + " max=" + strconv.FormatInt(s.Max, 10)
+		}
 		return "tag:" + s.Tag
 	case SlotTagParam:
 		return "param:$" + strconv.Itoa(s.Param)

@@ -2,7 +2,9 @@ package rewrite
 
 import (
 	"fmt"
+	"math"
 	"strings"
+	"sync/atomic"
 	"unicode/utf8"
 )
 
@@ -33,20 +35,74 @@ type Settings struct {
 	ShapeCacheSize int
 	// Snowflake is the layout leaf_decode splits IDs by.
 	Snowflake SnowflakeLayout
+	// Catalog, when set, gives the columns of the filled tables, so that an
+	// INSERT without a column list can be filled and a key of type integer
+	// or smallint gets IDs with an overflow check. Call Rewriter.CatalogChanged
+	// when what it answers changes.
+	Catalog Catalog
+}
+
+// Catalog gives a filled table's columns as the database's catalog lists
+// them. Schema is the INSERT's or COPY's qualifier, or "public" for an
+// unqualified name. It must be safe for concurrent use.
+type Catalog interface {
+	Table(schema, table string) (Table, bool)
+}
+
+// Table is a table's columns in attnum order, dropped columns left out.
+type Table struct {
+	Columns []string
+	Types   []string // each column's type as format_type prints it, e.g. "bigint", "integer"
+}
+
+// maxForType is the largest ID a key column of the given type holds, 0 when
+// it holds any int8.
+func maxForType(t string) int64 {
+	switch t {
+	case "integer":
+		return math.MaxInt32
+	case "smallint":
+		return math.MaxInt16
+	}
+	return 0
 }
 
 // Rewriter plans SQL rewrites. It is safe for concurrent use.
 type Rewriter struct {
 	fill    []fillRule
 	needles []string // lower-case table names of the fill rules, for the prefilter
-	cache   *lru[cacheEntry]
-	shapes  *shapeCache // nil when turned off
+	caches  atomic.Pointer[caches]
+	shapeN  int // entries of the shape cache; 0 when turned off
+	cacheN  int
+	catalog Catalog
 	layout  SnowflakeLayout
+}
+
+// caches are the two cache levels. CatalogChanged replaces them as one, so a
+// plan built from the old catalog can only land in the old caches.
+type caches struct {
+	text   *lru[cacheEntry]
+	shapes *shapeCache // nil when turned off
+}
+
+func (r *Rewriter) newCaches() *caches {
+	c := &caches{text: newLRU[cacheEntry](r.cacheN)}
+	if r.shapeN > 0 {
+		c.shapes = newShapeCache(r.shapeN)
+	}
+	return c
+}
+
+// CatalogChanged drops every cached plan: the column lists or key types the
+// Catalog gives may have changed, and plans depend on them.
+func (r *Rewriter) CatalogChanged() {
+	r.caches.Store(r.newCaches())
 }
 
 type fillRule struct {
 	FillRule
 	colSQL string // the column as written into SQL, quoted when needed
+	max    int64  // the largest ID the key column holds (from the catalog), 0 for any int8
 }
 
 // New validates the settings and returns a Rewriter.
@@ -57,16 +113,17 @@ func New(s Settings) (*Rewriter, error) {
 	if s.CacheSize == 0 {
 		s.CacheSize = DefaultCacheSize
 	}
-	r := &Rewriter{cache: newLRU[cacheEntry](s.CacheSize), layout: s.Snowflake.orDefault()}
+	r := &Rewriter{cacheN: s.CacheSize, catalog: s.Catalog, layout: s.Snowflake.orDefault()}
 	if l := r.layout; l.WorkerBits < 0 || l.SequenceBits < 0 || l.WorkerBits+l.SequenceBits > 62 || l.EpochMillis < 0 {
 		return nil, fmt.Errorf("rewrite: snowflake layout %+v is invalid", l)
 	}
 	switch {
 	case s.ShapeCacheSize == 0:
-		r.shapes = newShapeCache(DefaultCacheSize)
+		r.shapeN = DefaultCacheSize
 	case s.ShapeCacheSize > 0:
-		r.shapes = newShapeCache(s.ShapeCacheSize)
+		r.shapeN = s.ShapeCacheSize
 	}
+	r.caches.Store(r.newCaches())
 	seen := make(map[[3]string]bool)
 	for _, f := range s.Fill {
 		if f.Table == "" || f.Column == "" || f.Tag == "" {
@@ -113,16 +170,17 @@ func (r *Rewriter) Plan(sql string) (*Plan, error) {
 	if !r.mayNeed(sql) {
 		return nil, nil
 	}
-	if e, ok := r.cache.get(sql); ok {
+	c := r.caches.Load()
+	if e, ok := c.text.get(sql); ok {
 		return e.plan, e.err
 	}
-	p, shaped, err := r.build(sql)
+	p, shaped, err := r.build(c, sql)
 	if !shaped && len(sql) <= maxCachedSQL {
 		// A text the shape cache served is not kept: it costs a scan to
 		// serve again, and a stream of texts with fresh values would
 		// otherwise evict the texts that need a parse (every statement
 		// without constants, all refusals).
-		r.cache.put(sql, cacheEntry{plan: p, err: err})
+		c.text.put(sql, cacheEntry{plan: p, err: err})
 	}
 	return p, err
 }
@@ -136,7 +194,7 @@ func (r *Rewriter) Cached(sql string) (p *Plan, ok bool, err error) {
 	if !r.mayNeed(sql) {
 		return nil, true, nil
 	}
-	if e, hit := r.cache.get(sql); hit {
+	if e, hit := r.caches.Load().text.get(sql); hit {
 		return e.plan, true, e.err
 	}
 	return nil, false, nil
@@ -230,21 +288,21 @@ func equalFoldASCII(s, lower string) bool {
 // of the same shape was planned before (shaped), by parsing otherwise. A
 // panic in the planner is a bug; it is turned into an internal error so
 // that one odd statement cannot take the proxy down.
-func (r *Rewriter) build(sql string) (p *Plan, shaped bool, err error) {
+func (r *Rewriter) build(c *caches, sql string) (p *Plan, shaped bool, err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			p, shaped, err = nil, false, &Error{Code: codeInternal, Message: fmt.Sprintf("rewrite: internal error planning statement: %v", v)}
 		}
 	}()
-	toks, sh := r.scan(sql)
+	toks, sh := r.scan(c.shapes, sql)
 	if sh != nil {
-		if t := r.shapes.lookup(sh); t != nil {
+		if t := c.shapes.lookup(sh); t != nil {
 			return t.instantiate(sh), true, nil
 		}
 	}
 	res := plan(r, sql, toks)
 	if sh != nil {
-		r.shapes.learn(sh, res)
+		c.shapes.learn(sh, res)
 	}
 	return res.plan, false, res.err
 }
@@ -252,7 +310,7 @@ func (r *Rewriter) build(sql string) (p *Plan, shaped bool, err error) {
 // scan returns the tokens of sql without comments (none when the scanner
 // rejects the text, which then does not parse either) and, when the shape
 // cache may serve or learn it, its shape.
-func (r *Rewriter) scan(sql string) (tokens, *shape) {
+func (r *Rewriter) scan(shapes *shapeCache, sql string) (tokens, *shape) {
 	if strings.IndexByte(sql, 0) >= 0 {
 		return tokens{}, nil // plan forwards it untouched
 	}
@@ -261,7 +319,7 @@ func (r *Rewriter) scan(sql string) (tokens, *shape) {
 		return tokens{}, nil
 	}
 	toks := withoutComments(all)
-	if r.shapes == nil || len(sql) > maxCachedSQL || !utf8.ValidString(sql) {
+	if shapes == nil || len(sql) > maxCachedSQL || !utf8.ValidString(sql) {
 		// pg_query refuses a tree holding invalid UTF-8, so whether a text
 		// parses would depend on the bytes inside its constants.
 		return toks, nil

@@ -3,6 +3,7 @@ package rewrite
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -97,7 +98,7 @@ func TestPrefilterMissIsNotParsedOrCached(t *testing.T) {
 	if p, err := rw.Plan("SELECT * FROM pgbench_accounts WHERE aid = $1"); p != nil || err != nil {
 		t.Fatalf("Plan = %v, %v; want nil, nil", p, err)
 	}
-	if n := rw.cache.len(); n != 0 {
+	if n := rw.caches.Load().text.len(); n != 0 {
 		t.Errorf("cache holds %d entries after a prefilter miss, want 0", n)
 	}
 }
@@ -123,7 +124,7 @@ func TestCacheSharesPlansAndErrors(t *testing.T) {
 	if p, err := rw.Plan(none); p != nil || err != nil {
 		t.Errorf("Plan(%q) = %v, %v", none, p, err)
 	}
-	if n := rw.cache.len(); n != 3 {
+	if n := rw.caches.Load().text.len(); n != 3 {
 		t.Errorf("cache holds %d entries, want 3 (plan, refusal, nothing to do)", n)
 	}
 }
@@ -142,7 +143,7 @@ func TestCacheEvictsLeastRecentlyUsed(t *testing.T) {
 		t.Fatal("q(1) was not cached")
 	}
 	rw.Plan(q(3)) // evicts q(2)
-	if n := rw.cache.len(); n != 2 {
+	if n := rw.caches.Load().text.len(); n != 2 {
 		t.Errorf("cache holds %d entries, want 2", n)
 	}
 	if again, _ := rw.Plan(q(1)); again != a {
@@ -323,7 +324,7 @@ func TestLongTextIsNotCached(t *testing.T) {
 		t.Errorf("%d slots for %d rows", len(p.Slots), rows)
 	}
 	checkInvariants(t, b.String(), p)
-	if n := rw.cache.len(); n != 0 {
+	if n := rw.caches.Load().text.len(); n != 0 {
 		t.Errorf("cache holds %d entries after a %d-byte statement, want 0", n, b.Len())
 	}
 }
@@ -360,5 +361,53 @@ func TestCached(t *testing.T) {
 	// A text the shape cache serves is not kept by text, so it is not Cached.
 	if _, ok, _ := rw.Cached("INSERT INTO orders (item) VALUES ('b')"); ok {
 		t.Fatal("a new text of a known shape was answered without a scan")
+	}
+}
+
+// swapCatalog is a Catalog a test can change.
+type swapCatalog struct {
+	mu sync.Mutex
+	m  mapCatalog
+}
+
+func (c *swapCatalog) Table(schema, table string) (Table, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.m.Table(schema, table)
+}
+
+// A plan for an INSERT without a column list depends on the catalog: after
+// CatalogChanged the same text (and a text of the same shape) is planned
+// with the new column order.
+func TestCatalogChangedDropsPlans(t *testing.T) {
+	cat := &swapCatalog{m: mapCatalog{"public.t": {Columns: []string{"id", "v"}, Types: []string{"bigint", "text"}}}}
+	rw, err := New(Settings{Fill: []FillRule{{Table: "t", Column: "id", Tag: "x"}}, Catalog: cat})
+	if err != nil {
+		t.Fatal(err)
+	}
+	literal := func(sql string) string {
+		t.Helper()
+		p, err := rw.Plan(sql)
+		if err != nil || p == nil {
+			t.Fatalf("Plan(%q) = %v, %v", sql, p, err)
+		}
+		return string(p.AppendLiteral(nil, []int64{7}))
+	}
+	if got, want := literal("INSERT INTO t VALUES (DEFAULT, DEFAULT)"), "INSERT INTO t VALUES (7::int8, DEFAULT)"; got != want {
+		t.Fatalf("got %s, want %s", got, want)
+	}
+	if got, want := literal("INSERT INTO t VALUES (NULL, 'a')"), "INSERT INTO t VALUES (7::int8, 'a')"; got != want {
+		t.Fatalf("got %s, want %s", got, want)
+	}
+	cat.mu.Lock()
+	cat.m = mapCatalog{"public.t": {Columns: []string{"v", "id"}, Types: []string{"text", "integer"}}}
+	cat.mu.Unlock()
+	rw.CatalogChanged()
+	if got, want := literal("INSERT INTO t VALUES (DEFAULT, DEFAULT)"), "INSERT INTO t VALUES (DEFAULT, 7::int8)"; got != want {
+		t.Fatalf("after the change: got %s, want %s", got, want)
+	}
+	p, err := rw.Plan("INSERT INTO t VALUES ('b', NULL)")
+	if err != nil || p == nil || len(p.Slots) != 1 || p.Slots[0].Max != math.MaxInt32 {
+		t.Fatalf("after the change: plan %+v, %v; want one slot with the integer maximum", p, err)
 	}
 }

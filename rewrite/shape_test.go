@@ -102,8 +102,8 @@ func sameTokensBesideConstants(orig []scanToken, v string) bool {
 // whether the shape cache served sql; a miss lets rw learn sql's shape.
 func checkShapePath(t testing.TB, rw, ref *Rewriter, sql string) bool {
 	t.Helper()
-	want, _, wantErr := ref.build(sql)
-	got, hit, gotErr := rw.build(sql)
+	want, _, wantErr := ref.build(ref.caches.Load(), sql)
+	got, hit, gotErr := rw.build(rw.caches.Load(), sql)
 	if !reflect.DeepEqual(got, want) || !reflect.DeepEqual(gotErr, wantErr) {
 		t.Fatalf("shape path (hit=%v) differs from a full parse for %q\nfull:  %s\nshape: %s",
 			hit, sql, show(t, sql, want, wantErr), show(t, sql, got, gotErr))
@@ -135,7 +135,7 @@ func shapeRewriters(t testing.TB) (rw, ref *Rewriter) {
 	if ref, err = New(s); err != nil {
 		t.Fatal(err)
 	}
-	if ref.shapes != nil {
+	if ref.caches.Load().shapes != nil {
 		t.Fatal("a negative ShapeCacheSize left the shape cache on")
 	}
 	return rw, ref
@@ -250,7 +250,7 @@ func TestShapeKeepsTags(t *testing.T) {
 				t.Fatalf("Plan(%q) = %v, %v", c.learn, first, err)
 			}
 			if c.sameDeps != "" {
-				if _, sh := rw.scan(c.sameDeps); rw.shapes.lookup(sh) == nil {
+				if _, sh := rw.scan(rw.caches.Load().shapes, c.sameDeps); rw.caches.Load().shapes.lookup(sh) == nil {
 					t.Errorf("%q is not served by the shape of %q", c.sameDeps, c.learn)
 				}
 				p, err := rw.Plan(c.sameDeps)
@@ -258,7 +258,7 @@ func TestShapeKeepsTags(t *testing.T) {
 					t.Errorf("Plan(%q) gives %q, %v; want %q", c.sameDeps, c.check(p), err, c.check(first))
 				}
 			}
-			if _, sh := rw.scan(c.otherDeps); rw.shapes.lookup(sh) != nil {
+			if _, sh := rw.scan(rw.caches.Load().shapes, c.otherDeps); rw.caches.Load().shapes.lookup(sh) != nil {
 				t.Errorf("%q is served by the plan of %q", c.otherDeps, c.learn)
 			}
 			p, err := rw.Plan(c.otherDeps)
@@ -288,17 +288,17 @@ func TestShapeCacheIsBounded(t *testing.T) {
 			if p, err := rw.Plan(sql); err != nil || p == nil {
 				t.Fatalf("Plan(%q) = %v, %v", sql, p, err)
 			}
-			if n := rw.shapes.lru.len(); n > size {
+			if n := rw.caches.Load().shapes.lru.len(); n > size {
 				t.Fatalf("shape cache holds %d entries, want at most %d", n, size)
 			}
 		}
 	}
 	// The most recent shape is still there: the bound evicts, it does not
 	// stop learning.
-	if _, sh := rw.scan("INSERT INTO orders (item, col_79) VALUES ('b', 2)"); rw.shapes.lookup(sh) == nil {
+	if _, sh := rw.scan(rw.caches.Load().shapes, "INSERT INTO orders (item, col_79) VALUES ('b', 2)"); rw.caches.Load().shapes.lookup(sh) == nil {
 		t.Error("the most recently learnt shape was evicted")
 	}
-	if _, sh := rw.scan("INSERT INTO orders (item, col_0) VALUES ('b', 2)"); rw.shapes.lookup(sh) != nil {
+	if _, sh := rw.scan(rw.caches.Load().shapes, "INSERT INTO orders (item, col_0) VALUES ('b', 2)"); rw.caches.Load().shapes.lookup(sh) != nil {
 		t.Error("the first shape is still cached")
 	}
 }
@@ -440,7 +440,7 @@ func TestShapeCacheConcurrent(t *testing.T) {
 	}
 	want := make(map[string]string, len(sqls))
 	for _, sql := range sqls {
-		p, _, err := ref.build(sql)
+		p, _, err := ref.build(ref.caches.Load(), sql)
 		want[sql] = show(t, sql, p, err)
 	}
 	var wg sync.WaitGroup
@@ -479,7 +479,7 @@ func TestShapeServedTextsStayOutOfTextCache(t *testing.T) {
 	p2, _ := rw.Plan(params)
 	for i := 0; i < 10; i++ {
 		sql := fmt.Sprintf("INSERT INTO orders (item) VALUES ('%d')", i)
-		p, shaped, err := rw.build(sql)
+		p, shaped, err := rw.build(rw.caches.Load(), sql)
 		if err != nil || p == nil || !shaped {
 			t.Fatalf("build(%q) = %v, %v, %v; want a plan from the shape cache", sql, p, shaped, err)
 		}
@@ -487,7 +487,7 @@ func TestShapeServedTextsStayOutOfTextCache(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := rw.cache.len(); n != 2 {
+	if n := rw.caches.Load().text.len(); n != 2 {
 		t.Errorf("text cache holds %d entries, want the 2 parsed texts", n)
 	}
 	if again, _ := rw.Plan(first); again != p1 {

@@ -114,6 +114,7 @@ type app struct {
 	debug     map[string]http.Handler
 	proxy     *proxy.Server
 	http      *http.Server
+	catalog   *catalog // columns of the filled tables; nil without fill rules
 
 	upstreamProbe *health.Probe
 	storeProbe    *health.Probe
@@ -123,6 +124,7 @@ type app struct {
 	mu        sync.Mutex
 	conflicts []string             // tags both in snowflake-tags and leaf_alloc
 	lease     *httpapi.LeaseStatus // the lease row as last read
+	rewriter  *rewrite.Rewriter    // the proxy's, told when the catalog changes
 }
 
 func (a *app) run(ctx context.Context) (err error) {
@@ -298,6 +300,13 @@ func (a *app) run(ctx context.Context) (err error) {
 	if a.proxy, err = a.newProxy(); err != nil {
 		return err
 	}
+	if a.catalog != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a.refreshCatalog(ctx, catalogRefresh)
+		}()
+	}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- a.proxy.Serve(proxyLn) }()
 	log.WithField("listen", proxyLn.Addr().String()).Info("proxy accepting connections")
@@ -357,17 +366,20 @@ func (a *app) newProxy() (*proxy.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("upstream-sslmode: %w", err)
 	}
-	rules := make([]rewrite.FillRule, len(cfg.FillRules))
-	for i, r := range cfg.FillRules {
-		rules[i] = rewrite.FillRule{Schema: r.Schema, Table: r.Table, Column: r.Column, Tag: r.Tag}
+	rules, cat, err := a.catalogRules(cfg.FillRules)
+	if err != nil {
+		return nil, err
 	}
 	codec := a.snowflake.Codec()
-	rw, err := rewrite.New(rewrite.Settings{Fill: rules, Snowflake: rewrite.SnowflakeLayout{
+	rw, err := rewrite.New(rewrite.Settings{Fill: rules, Catalog: cat, Snowflake: rewrite.SnowflakeLayout{
 		EpochMillis: codec.EpochMillis(), WorkerBits: codec.Layout().WorkerBits, SequenceBits: codec.Layout().SequenceBits,
 	}})
 	if err != nil {
 		return nil, fmt.Errorf("fill: %w", err)
 	}
+	a.mu.Lock()
+	a.rewriter = rw
+	a.mu.Unlock()
 	s := &proxy.Server{
 		Rewriter:        rw,
 		IDs:             &idSource{router: a.router},

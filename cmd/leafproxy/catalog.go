@@ -1,0 +1,219 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"reflect"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/sirupsen/logrus"
+
+	"github.com/leafproxy/leafproxy/internal/config"
+	"github.com/leafproxy/leafproxy/rewrite"
+)
+
+// catalogRefresh is how often the proxy rereads the columns of the filled tables, the
+// interval of the segment tag refresh.
+const catalogRefresh = 60 * time.Second
+
+// tableName is a schema-qualified table name as the catalog spells it.
+type tableName struct{ schema, table string }
+
+// catalog is the rewriter's view of the filled tables' columns: read from the upstream's
+// pg_attribute (attnum order, dropped columns left out) with the store's credentials and
+// database, and replaced as a whole on each refresh. It is safe for concurrent use.
+type catalog struct {
+	conn *pgx.ConnConfig // the store's settings at the upstream's address
+	snap atomic.Pointer[map[tableName]rewrite.Table]
+
+	mu    sync.Mutex
+	rules []config.FillRule // the rules whose tables are read; setRules replaces them
+}
+
+// newCatalog returns a catalog of the tables rules fill, empty until the first load.
+// setRules changes the rules when the rule set changes.
+func newCatalog(store, upstream string, rules []config.FillRule) (*catalog, error) {
+	cc, err := pgx.ParseConfig(store)
+	if err != nil {
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	host, port, err := net.SplitHostPort(upstream)
+	if err != nil {
+		return nil, fmt.Errorf("upstream: %w", err)
+	}
+	p, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		return nil, fmt.Errorf("upstream port %q: %w", port, err)
+	}
+	cc.Host, cc.Port, cc.Fallbacks = host, uint16(p), nil
+	cc.ConnectTimeout = 10 * time.Second
+	cc.RuntimeParams["application_name"] = "leafproxy catalog"
+	c := &catalog{conn: cc, rules: rules}
+	empty := map[tableName]rewrite.Table{}
+	c.snap.Store(&empty)
+	return c, nil
+}
+
+// setRules makes the next load read the tables of rules.
+func (c *catalog) setRules(rules []config.FillRule) {
+	c.mu.Lock()
+	c.rules = rules
+	c.mu.Unlock()
+}
+
+// Table implements rewrite.Catalog.
+func (c *catalog) Table(schema, table string) (rewrite.Table, bool) {
+	t, ok := (*c.snap.Load())[tableName{schema, table}]
+	return t, ok
+}
+
+// catalogQuery lists the columns of the tables named $1 in every schema, in attnum order.
+const catalogQuery = `SELECT n.nspname, c.relname, a.attname, format_type(a.atttypid, a.atttypmod)
+FROM pg_catalog.pg_attribute a
+JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relname = ANY($1) AND c.relkind IN ('r', 'p', 'v', 'f')
+  AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY n.nspname, c.relname, a.attnum`
+
+// load reads the columns of the filled tables and reports whether they differ from what
+// the catalog held.
+func (c *catalog) load(ctx context.Context) (changed bool, err error) {
+	conn, err := pgx.ConnectConfig(ctx, c.conn.Copy())
+	if err != nil {
+		return false, fmt.Errorf("catalog: %w", err)
+	}
+	defer conn.Close(context.Background())
+	c.mu.Lock()
+	rules := c.rules
+	c.mu.Unlock()
+	var names []string
+	for _, r := range rules {
+		names = append(names, r.Table)
+	}
+	rows, err := conn.Query(ctx, catalogQuery, names)
+	if err != nil {
+		return false, fmt.Errorf("catalog: %w", err)
+	}
+	snap := map[tableName]rewrite.Table{}
+	var schema, table, column, typ string
+	_, err = pgx.ForEachRow(rows, []any{&schema, &table, &column, &typ}, func() error {
+		if !filled(rules, schema, table) {
+			return nil
+		}
+		k := tableName{schema, table}
+		t := snap[k]
+		t.Columns = append(t.Columns, column)
+		t.Types = append(t.Types, typ)
+		snap[k] = t
+		return nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("catalog: %w", err)
+	}
+	changed = !reflect.DeepEqual(*c.snap.Load(), snap)
+	c.snap.Store(&snap)
+	return changed, nil
+}
+
+// filled reports whether one of rules fills schema.table.
+func filled(rules []config.FillRule, schema, table string) bool {
+	for _, r := range rules {
+		if r.Table == table && (r.Schema == "" || r.Schema == schema) {
+			return true
+		}
+	}
+	return false
+}
+
+// keyType returns the catalog type of a rule's key column in the schema an unqualified
+// INSERT names (public) or the rule's own, "" when the catalog does not know it.
+func (c *catalog) keyType(r config.FillRule) string {
+	schema := r.Schema
+	if schema == "" {
+		schema = "public"
+	}
+	t, ok := c.Table(schema, r.Table)
+	if !ok {
+		return ""
+	}
+	for i, col := range t.Columns {
+		if col == r.Column {
+			return t.Types[i]
+		}
+	}
+	return ""
+}
+
+// catalogRules reads the catalog of the tables cfgRules fill and returns the rules for the
+// rewriter and the catalog it plans with (nil without rules). Call it whenever the rule
+// set is (re)loaded: the catalog is then reread for the new rules. A snowflake tag on an
+// integer or smallint key is refused: its IDs never fit. The rule is logged and left out;
+// the others apply. When the upstream cannot be read now, every rule applies and the
+// catalog is read at the next refresh (until then an INSERT without a column list is
+// refused, and a too large ID is refused with 22003 per statement).
+func (a *app) catalogRules(cfgRules []config.FillRule) ([]rewrite.FillRule, rewrite.Catalog, error) {
+	if len(cfgRules) == 0 {
+		return nil, nil, nil
+	}
+	cat := a.catalog
+	if cat == nil {
+		var err error
+		if cat, err = newCatalog(a.cfg.Store, a.cfg.Upstream, cfgRules); err != nil {
+			return nil, nil, err
+		}
+	}
+	cat.setRules(cfgRules)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := cat.load(ctx); err != nil {
+		a.log.WithError(err).Warn("cannot read the columns of the filled tables; retrying at the next refresh")
+	}
+	var rules []rewrite.FillRule
+	for _, r := range cfgRules {
+		if typ := cat.keyType(r); a.router.IsSnowflake(r.Tag) && (typ == "integer" || typ == "smallint") {
+			a.log.WithFields(logrus.Fields{"rule": r.String(), "type": typ}).
+				Error("fill rule refused: a snowflake tag's IDs do not fit a key of type " + typ + "; use a segment tag or a bigint key")
+			continue
+		}
+		rules = append(rules, rewrite.FillRule{Schema: r.Schema, Table: r.Table, Column: r.Column, Tag: r.Tag})
+	}
+	a.catalog = cat
+	return rules, cat, nil
+}
+
+// rewriterNow is the rewriter the proxy plans with.
+func (a *app) rewriterNow() *rewrite.Rewriter {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.rewriter
+}
+
+// refreshCatalog rereads the catalog every interval until ctx ends, dropping the
+// rewriter's cached plans when the columns changed.
+func (a *app) refreshCatalog(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		changed, err := a.catalog.load(lctx)
+		cancel()
+		switch {
+		case err != nil:
+			a.log.WithError(err).Warn("cannot read the columns of the filled tables")
+		case changed:
+			a.rewriterNow().CatalogChanged()
+			a.log.Info("columns of the filled tables changed; plans dropped")
+		}
+	}
+}

@@ -28,7 +28,7 @@ test: deps
 ## fuzz: run each fuzz target for FUZZTIME; a failing input is saved under the package's
 ## testdata/fuzz/ and replays with plain `go test -run`
 FUZZTIME    ?= 20s
-FUZZTARGETS := ./proxy:FuzzClientStream ./proxy:FuzzCopyFiller ./rewrite:FuzzPlan ./rewrite:FuzzParseTree
+FUZZTARGETS := ./proxy:FuzzClientStream ./proxy:FuzzCopyFiller ./proxy:FuzzTextFiller ./rewrite:FuzzPlan ./rewrite:FuzzParseTree
 fuzz:
 	GO=$(GO) scripts/fuzz.sh $(FUZZTIME) $(FUZZTARGETS)
 

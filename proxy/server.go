@@ -111,7 +111,7 @@ type Server struct {
 	conns      map[*conn]struct{}
 	inShutdown atomic.Bool
 	swapped    atomic.Pointer[rewrite.Rewriter] // set by SetRewriter; wins over Rewriter
-	sessions   atomic.Int64 // clients past the startup packet, counted against MaxClientConns
+	sessions   atomic.Int64                     // clients past the startup packet, counted against MaxClientConns
 	nextID     atomic.Uint64
 	cancels    cancelRegistry
 	loops      loopGroup

@@ -143,6 +143,11 @@ func TestFillRulesShared(t *testing.T) {
 		for _, p := range proxies {
 			waitLog(t, p, "table fill_conf has two key columns", 15*time.Second)
 		}
+		for _, line := range strings.Split(proxies[0].Log(), "\n") {
+			if strings.Contains(line, "two key columns") {
+				t.Logf("logged: %s", line)
+			}
+		}
 		for i := range proxies {
 			if !filled(i, "fill_conf", "id") || filled(i, "fill_conf", "key") {
 				t.Errorf("proxy %s: fill_conf's rule changed despite the conflict", proxies[i].Name)

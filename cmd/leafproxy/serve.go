@@ -120,7 +120,7 @@ type app struct {
 	history       *metrics.History
 	events        leaseEvents
 
-	fill      fillRules // the fill rules in use, config and store merged
+	fill fillRules // the fill rules in use, config and store merged
 
 	mu        sync.Mutex
 	conflicts []string             // tags both in snowflake-tags and leaf_alloc

@@ -156,6 +156,30 @@ func TestFillRulesShared(t *testing.T) {
 				t.Errorf("proxy %s applied part of a conflicting rule set", proxies[i].Name)
 			}
 		}
+		// A proxy starting while the conflict stands starts with its configuration's rules.
+		late := StartProxy(t, "fill-3", ProxyConfig{
+			WorkerSource: "static",
+			WorkerID:     23,
+			Upstream:     hostPort(t, dsn),
+			Store:        dsn,
+			Fill:         []string{"fill_conf.id=fill_seg_a"},
+			Extra:        []string{"--fill-refresh", "1h"},
+		})
+		if log := late.Log(); !strings.Contains(log, "starting with the fill rules of the configuration only") ||
+			!strings.Contains(log, "table fill_conf has two key columns") {
+			t.Errorf("proxy %s does not log the conflict at start", late.Name)
+		}
+		lateConn := connectSimple(t, late.URL(dsn, "postgres", ""))
+		for table, want := range map[string]bool{"fill_conf": true, "fill_c": false, "fill_b": false} {
+			var id *int64
+			if err := lateConn.QueryRow(context.Background(), "INSERT INTO "+table+" (v) VALUES (1) RETURNING id").Scan(&id); err != nil {
+				t.Fatal(err)
+			}
+			if (id != nil) != want {
+				t.Errorf("proxy %s started during a conflict: %s filled = %v, want %v", late.Name, table, id != nil, want)
+			}
+		}
+
 		// Removing the conflicting rule lets the next refresh apply the rest.
 		leaf("fill", "remove", "fill_conf.key")
 		hangup()

@@ -1,9 +1,13 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/leafproxy/leafproxy/internal/testenv"
 )
@@ -79,4 +83,61 @@ func TestFillCommands(t *testing.T) {
 	if out := mustRun(t, "fill", "list", "--json", "--dsn", dsn); strings.Contains(out, `"line"`) || !strings.Contains(out, "order_no") {
 		t.Errorf("after remove and add: %s", out)
 	}
+}
+
+// TestFillRulesAfterStoreReturns starts a proxy while the store is down: it starts with
+// its configuration's rules, and applies the stored ones soon after the store is back,
+// without waiting for fill-refresh (an hour here) or a SIGHUP.
+func TestFillRulesAfterStoreReturns(t *testing.T) {
+	t.Parallel()
+	pg := testenv.NewPostgres(t)
+	dsn := pg.NewDatabase(t)
+	mustRun(t, "migrate", "up", "--dsn", dsn)
+	mustRun(t, "fill", "add", "items.id=pay", "--dsn", dsn) // pay is a snowflake tag of serveArgs
+	up := testenv.NewDatabase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	setup, err := pgx.Connect(ctx, up)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer setup.Close(context.Background())
+	if _, err := setup.Exec(ctx, "CREATE TABLE items (id bigint, v int)"); err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s := startServe(t, nil, withUpstream(serveArgs(t, dsn, 611, "--fill-refresh", "1h"), upstreamOf(t, up))...)
+	s.waitFor("the proxy accepting connections", func() bool { return strings.Contains(s.log.String(), "proxy accepting connections") })
+	cfg, err := pgx.ParseConfig(proxyURL(t, up, s.listen))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	cfg.ConnectTimeout = 15 * time.Second
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	filled := func() bool {
+		var id *int64
+		if err := conn.QueryRow(ctx, "INSERT INTO items (v) VALUES (1) RETURNING id").Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		return id != nil
+	}
+	if filled() {
+		t.Fatal("items filled while the store holding its rule is down")
+	}
+	if !strings.Contains(s.log.String(), "starting with the fill rules of the configuration only") {
+		t.Errorf("the proxy does not say it started without the stored rules:\n%s", s.log.String())
+	}
+	if err := pg.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	back := time.Now()
+	s.waitFor("the stored rule applied", filled)
+	t.Logf("stored rule applied %s after the store came back", time.Since(back).Round(time.Millisecond))
 }

@@ -26,6 +26,7 @@ type fillRules struct {
 	mu       sync.Mutex
 	rules    []config.FillRule
 	noSchema bool // leaf_fill was missing at the last read (warned once)
+	unread   bool // the last read of the store failed: retried every fillRetry
 }
 
 func (f *fillRules) current() []config.FillRule {
@@ -34,8 +35,17 @@ func (f *fillRules) current() []config.FillRule {
 	return f.rules
 }
 
-// fillReadTimeout bounds one read of leaf_fill.
-const fillReadTimeout = 10 * time.Second
+const (
+	// fillReadTimeout bounds one read of leaf_fill by the refresh.
+	fillReadTimeout = 10 * time.Second
+	// fillStartTimeout bounds the read at start, which holds up accepting clients: a
+	// store that is slow or down delays the start by this much at most, and the proxy
+	// starts with its configuration's rules.
+	fillStartTimeout = 3 * time.Second
+	// fillRetry is how soon a failed read of the store is tried again, so that a proxy
+	// started while the store was down gets the stored rules soon after it is back.
+	fillRetry = 2 * time.Second
+)
 
 // newRewriter builds the rewriter for a rule set.
 func (a *app) newRewriter(rules []config.FillRule) (*rewrite.Rewriter, error) {
@@ -51,8 +61,8 @@ func (a *app) newRewriter(rules []config.FillRule) (*rewrite.Rewriter, error) {
 
 // loadFillRules reads leaf_fill and merges it with the configuration's rules. A store
 // without leaf_fill (not migrated to version 3) has no rules.
-func (a *app) loadFillRules(ctx context.Context) ([]config.FillRule, error) {
-	ctx, cancel := context.WithTimeout(ctx, fillReadTimeout)
+func (a *app) loadFillRules(ctx context.Context, timeout time.Duration) ([]config.FillRule, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	stored, err := filladmin.List(ctx, a.pool)
 	noSchema := errors.Is(err, filladmin.ErrNoSchema)
@@ -62,6 +72,7 @@ func (a *app) loadFillRules(ctx context.Context) ([]config.FillRule, error) {
 	a.fill.mu.Lock()
 	warn := noSchema && !a.fill.noSchema
 	a.fill.noSchema = noSchema
+	a.fill.unread = err != nil
 	a.fill.mu.Unlock()
 	if warn {
 		a.log.Warn("the store has no leaf_fill table (run `leafproxy migrate up`): only the fill rules of the configuration apply")
@@ -76,7 +87,7 @@ func (a *app) loadFillRules(ctx context.Context) ([]config.FillRule, error) {
 // configuration's alone when the store's cannot be read or merged (logged; the next
 // refresh tries again).
 func (a *app) initialFillRules(ctx context.Context) []config.FillRule {
-	rules, err := a.loadFillRules(ctx)
+	rules, err := a.loadFillRules(ctx, fillStartTimeout)
 	if err != nil {
 		a.log.WithError(err).Error("fill rules of the store not applied: starting with the fill rules of the configuration only")
 		rules = a.cfg.FillRules
@@ -91,9 +102,13 @@ func (a *app) initialFillRules(ctx context.Context) []config.FillRule {
 // rules in use stay.
 func (a *app) refreshFill(ctx context.Context, why string) {
 	log := a.log.WithField("trigger", why)
-	rules, err := a.loadFillRules(ctx)
+	rules, err := a.loadFillRules(ctx, fillReadTimeout)
 	if err != nil {
-		if ctx.Err() == nil {
+		switch {
+		case ctx.Err() != nil:
+		case why == "retry": // the store is still down: said at the first failure
+			log.WithError(err).Debug("fill rules not reloaded: keeping the rules in use")
+		default:
 			log.WithError(err).Error("fill rules not reloaded: keeping the rules in use")
 		}
 		return
@@ -120,11 +135,22 @@ func (a *app) refreshFill(ctx context.Context, why string) {
 	log.WithField("fill_rules", names).Info("fill rules applied")
 }
 
-// watchFill refreshes the fill rules every fill-refresh and on every signal on hup.
+// watchFill refreshes the fill rules every fill-refresh and on every signal on hup, and
+// every fillRetry while the store cannot be read.
 func (a *app) watchFill(ctx context.Context, hup <-chan os.Signal) {
 	t := time.NewTicker(a.cfg.FillRefresh)
 	defer t.Stop()
+	retry := time.NewTimer(fillRetry)
+	defer retry.Stop()
 	for {
+		a.fill.mu.Lock()
+		unread := a.fill.unread
+		a.fill.mu.Unlock()
+		var retryC <-chan time.Time
+		if unread {
+			retry.Reset(fillRetry)
+			retryC = retry.C
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -132,6 +158,8 @@ func (a *app) watchFill(ctx context.Context, hup <-chan os.Signal) {
 			a.refreshFill(ctx, "interval")
 		case <-hup:
 			a.refreshFill(ctx, "SIGHUP")
+		case <-retryC:
+			a.refreshFill(ctx, "retry")
 		}
 	}
 }

@@ -5,7 +5,7 @@ PKGS      := ./...
 TESTENV   := $(GO) run ./internal/testenv/cmd/testenv
 TESTFLAGS ?= -race -count=1 -timeout 20m
 
-.PHONY: all build test test-short run run-stop run-reset docker bench lint vet fmt deps clean
+.PHONY: all build test fuzz soak test-short run run-stop run-reset docker bench lint vet fmt deps clean
 
 all: build
 
@@ -15,12 +15,28 @@ build:
 	$(GO) build -o $(BIN) ./cmd/leafproxy
 
 deps:
-	scripts/install-deps.sh --browser
+	scripts/install-deps.sh
 
-## test: install PostgreSQL and ZooKeeper when missing, start private instances, run every test
+## test: install what the tests need when missing, start private instances, run every test
+## (listing the skipped ones: a skip fails the run under CI), then each fuzz target for
+## FUZZTIME (FUZZTIME=0: the seed corpus only, run with the tests)
 test: deps
 	$(GO) vet $(PKGS)
-	$(TESTENV) -- $(GO) test $(TESTFLAGS) $(PKGS)
+	$(TESTENV) -- $(GO) run ./internal/testenv/cmd/noskip -- $(GO) test -json $(TESTFLAGS) $(PKGS)
+	@if [ "$(FUZZTIME)" != 0 ]; then $(MAKE) --no-print-directory fuzz; fi
+
+## fuzz: run each fuzz target for FUZZTIME; a failing input is saved under the package's
+## testdata/fuzz/ and replays with plain `go test -run`
+FUZZTIME    ?= 20s
+FUZZTARGETS := ./proxy:FuzzClientStream ./proxy:FuzzCopyFiller ./rewrite:FuzzPlan ./rewrite:FuzzParseTree
+fuzz:
+	GO=$(GO) scripts/fuzz.sh $(FUZZTIME) $(FUZZTARGETS)
+
+## soak: the randomized fault schedule of e2e for SOAK (default 10m), seeded from
+## LEAF_FAULT_SEED when set (the seed is printed: a failing schedule replays with it)
+SOAK ?= 10m
+soak: deps
+	$(TESTENV) -no-zk -- $(GO) test -count=1 -v -timeout 3h -run '^TestFaultSchedule$$' ./e2e -fault-duration $(SOAK)
 
 ## run: local PostgreSQL on 127.0.0.1:5433 (kept between runs), demo tags, proxy on 127.0.0.1:6432, admin on 127.0.0.1:8080
 run:

@@ -10,4 +10,5 @@
 //	go test ./e2e -run TestThreeProxies -v
 //	LEAF_E2E_SOAK=1 go test ./e2e -run TestThreeProxies -v   # 60 s of load instead of 15 s
 //	LEAF_E2E_BINARY=bin/leafproxy go test ./e2e              # test a prebuilt binary
+//	go test ./e2e -run TestFaultSchedule -v -fault-duration 10m -fault-seed 42   # make soak
 package e2e

@@ -40,6 +40,7 @@ type IDRow struct {
 	ID        int64
 	Origin    string
 	Proxy     string
+	Run       int // which start of the proxy process served it (Proxy.Starts), 0 if unknown
 	Phase     string
 }
 
@@ -170,5 +171,58 @@ func (c *Collector) Workers(proxy string) []int64 {
 		out = append(out, w)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+// tenure is the span of the snowflake IDs of one worker ID that one run of one proxy issued.
+type tenure struct {
+	holder      string // proxy and run
+	first, last time.Time
+	ids         int
+}
+
+// WorkerOverlaps checks what fencing promises, which uniqueness alone would only catch by
+// the chance of an equal sequence number in an equal millisecond: no two processes issue
+// IDs of one worker ID over overlapping times. Per worker ID it orders the runs' spans of
+// ID timestamps and reports every run whose first ID is not after the previous run's last
+// one. IDs of an unknown run (Run 0) are left out.
+func (c *Collector) WorkerOverlaps() []string {
+	spans := map[int64]map[string]*tenure{}
+	for _, r := range c.Select(func(r IDRow) bool { return r.Namespace == snowflakeNamespace && r.Run > 0 }) {
+		at, w, _ := decodeSnowflake(r.ID)
+		holder := fmt.Sprintf("%s run %d", r.Proxy, r.Run)
+		if spans[w] == nil {
+			spans[w] = map[string]*tenure{}
+		}
+		s := spans[w][holder]
+		if s == nil {
+			s = &tenure{holder: holder, first: at, last: at}
+			spans[w][holder] = s
+		}
+		if at.Before(s.first) {
+			s.first = at
+		}
+		if at.After(s.last) {
+			s.last = at
+		}
+		s.ids++
+	}
+	var out []string
+	for w, byHolder := range spans {
+		list := make([]*tenure, 0, len(byHolder))
+		for _, s := range byHolder {
+			list = append(list, s)
+		}
+		sort.Slice(list, func(i, j int) bool { return list[i].first.Before(list[j].first) })
+		for i := 1; i < len(list); i++ {
+			prev, cur := list[i-1], list[i]
+			if !cur.first.After(prev.last) {
+				out = append(out, fmt.Sprintf("worker ID %d: %s issued %d IDs from %s to %s, %s %d IDs from %s to %s",
+					w, prev.holder, prev.ids, prev.first.Format("15:04:05.000"), prev.last.Format("15:04:05.000"),
+					cur.holder, cur.ids, cur.first.Format("15:04:05.000"), cur.last.Format("15:04:05.000")))
+			}
+		}
+	}
+	sort.Strings(out)
 	return out
 }

@@ -350,6 +350,7 @@ func (l *Load) client(ctx context.Context, p *Proxy, n int) {
 	name := fmt.Sprintf("%s/%d", p.Name, n)
 	url := p.URL(l.dbURL, "postgres", "")
 	var conn *pgx.Conn
+	run := 0 // the proxy's run the connection reached
 	defer func() {
 		if conn != nil {
 			conn.Close(context.Background())
@@ -365,7 +366,7 @@ func (l *Load) client(ctx context.Context, p *Proxy, n int) {
 	}()
 	for ctx.Err() == nil {
 		if conn == nil || conn.IsClosed() {
-			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 			c, err := pgx.Connect(cctx, url)
 			cancel()
 			if err != nil {
@@ -380,7 +381,7 @@ func (l *Load) client(ctx context.Context, p *Proxy, n int) {
 				}
 				continue
 			}
-			conn = c
+			conn, run = c, p.Starts()
 		}
 		op := pickOp(r)
 		// Stopping the load never cancels a statement: an INSERT cut off mid-flight
@@ -403,7 +404,7 @@ func (l *Load) client(ctx context.Context, p *Proxy, n int) {
 			if verr := validateID(g, l.began); verr != nil {
 				l.fail(loadErr{p.Name, n, op.name, time.Now(), verr, false})
 			}
-			l.coll.Add(IDRow{Namespace: g.ns, ID: g.id, Origin: g.origin, Proxy: p.Name, Phase: phase})
+			l.coll.Add(IDRow{Namespace: g.ns, ID: g.id, Origin: g.origin, Proxy: p.Name, Run: run, Phase: phase})
 		}
 		ok[op.name]++
 		l.success[p.Name].Add(1)

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/leafproxy/leafproxy/internal/testenv"
 )
 
 var soak = flag.Bool("soak", false, "run the load tests for 60 s instead of 15 s (also LEAF_E2E_SOAK=1)")
@@ -96,13 +98,16 @@ func buildBinary(dir string) {
 	leafBinary.path = out
 }
 
-// leafproxyBin returns the built binary, skipping the test when the command does not exist
-// in the tree yet and failing it when the command exists but does not build.
+// leafproxyBin returns the built binary. It skips the test in -short mode, skips it (fails
+// it under CI) when the command does not exist in the tree, and fails it when the command
+// exists but does not build.
 func leafproxyBin(t testing.TB) string {
 	t.Helper()
 	switch {
+	case testing.Short():
+		t.Skip("-short: the end-to-end tests need the leafproxy binary and live servers")
 	case leafBinary.missing != "":
-		t.Skip(leafBinary.missing)
+		testenv.SkipOrFail(t, "%s", leafBinary.missing)
 	case leafBinary.buildErr != nil:
 		t.Fatal(leafBinary.buildErr)
 	}
@@ -148,13 +153,13 @@ func hasFlag(t testing.TB, sub, name string) bool {
 	return false
 }
 
-// requireServeFlags skips the test when the binary's serve command lacks one of the flags:
-// the feature the test exercises has not been built yet.
+// requireServeFlags skips the test (fails it under CI) when the binary's serve command
+// lacks one of the flags: the feature the test exercises is not built.
 func requireServeFlags(t testing.TB, names ...string) {
 	t.Helper()
 	for _, n := range names {
 		if !hasFlag(t, "serve", n) {
-			t.Skipf("`leafproxy serve --help` lists no --%s flag: feature not in the binary yet\n%s", n, helpText(t, "serve"))
+			testenv.SkipOrFail(t, "`leafproxy serve --help` lists no --%s flag: feature not in the binary\n%s", n, helpText(t, "serve"))
 		}
 	}
 }

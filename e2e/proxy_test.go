@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -174,7 +175,7 @@ func (p *Proxy) Start() time.Duration {
 		// The command says so itself when a feature (a worker source, say) is not built
 		// in yet: that is a missing feature, not a failure of one.
 		if m := notInBuild.FindString(p.LogTail(20)); m != "" {
-			p.t.Skipf("proxy %s: the binary says %q", p.Name, m)
+			testenv.SkipOrFail(p.t, "proxy %s: the binary says %q", p.Name, m)
 		}
 		p.t.Fatalf("proxy %s: %v\nlog:\n%s", p.Name, err, p.LogTail(60))
 	}
@@ -220,6 +221,13 @@ func (p *Proxy) Spawn() {
 	}()
 }
 
+// Starts returns how many times the process was started: the number of the current run.
+func (p *Proxy) Starts() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.starts
+}
+
 // Pid returns the running process's pid, or 0.
 func (p *Proxy) Pid() int {
 	p.mu.Lock()
@@ -251,7 +259,7 @@ func (p *Proxy) exited() (bool, error) {
 // WaitReady polls GET /readyz until it answers 200. When the binary has no /readyz (404)
 // or no admin server, readiness is the listen port accepting connections.
 func (p *Proxy) WaitReady(ctx context.Context) error {
-	client := &http.Client{Timeout: time.Second}
+	client := &http.Client{Timeout: 10 * time.Second}
 	var last error
 	for {
 		if gone, err := p.exited(); gone {
@@ -293,7 +301,7 @@ func (p *Proxy) readyOnce(client *http.Client) error {
 			return err
 		}
 	}
-	conn, err := net.DialTimeout("tcp", p.Addr(), time.Second)
+	conn, err := net.DialTimeout("tcp", p.Addr(), 10*time.Second)
 	if err != nil {
 		return err
 	}
@@ -337,14 +345,54 @@ func (p *Proxy) signalAndWait(sig syscall.Signal, timeout time.Duration) (bool, 
 	return true, p.waitErr
 }
 
-// Signal sends sig (SIGSTOP, SIGCONT…) without waiting.
+// Signal sends sig (SIGSTOP, SIGCONT…). For SIGSTOP it returns only once every thread of
+// the process has stopped: the kernel stops a process asynchronously, and a test that sends
+// queries right after SIGSTOP must not have them answered by a process still running.
 func (p *Proxy) Signal(sig syscall.Signal) {
 	p.t.Helper()
-	if pid := p.Pid(); pid != 0 {
-		if err := syscall.Kill(pid, sig); err != nil {
-			p.t.Fatalf("signal %v to proxy %s: %v", sig, p.Name, err)
+	pid := p.Pid()
+	if pid == 0 {
+		return
+	}
+	if err := syscall.Kill(pid, sig); err != nil {
+		p.t.Fatalf("signal %v to proxy %s: %v", sig, p.Name, err)
+	}
+	if sig != syscall.SIGSTOP {
+		return
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		running, err := runningThreads(pid)
+		if err == nil && running == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatalf("proxy %s: %d threads still run 10 s after SIGSTOP (%v)", p.Name, running, err)
+		}
+		<-time.After(time.Millisecond)
+	}
+}
+
+// runningThreads counts the threads of process pid that are not stopped, from the state
+// field of /proc/<pid>/task/<tid>/stat ("T": stopped by a signal).
+func runningThreads(pid int) (int, error) {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return 0, err
+	}
+	running := 0
+	for _, task := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+		if err != nil {
+			continue // the thread ended
+		}
+		// The command name in parentheses may hold spaces: the state follows the last ')'.
+		fields := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(fields) == 0 || fields[0] != "T" {
+			running++
 		}
 	}
+	return running, nil
 }
 
 // RSS returns the process's resident set size in bytes (VmRSS of /proc/<pid>/status).

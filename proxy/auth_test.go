@@ -65,8 +65,8 @@ func upstreamCA(t *testing.T) *x509.CertPool {
 	t.Helper()
 	file := os.Getenv(testenv.EnvPGCA)
 	if file == "" {
-		testenv.PostgresURL(t) // skips or fails the same way as the server's URL
-		t.Skipf("%s is not set", testenv.EnvPGCA)
+		testenv.PostgresURL(t) // names the server's variable first when that is the one missing
+		testenv.SkipOrFail(t, "%s is not set", testenv.EnvPGCA)
 	}
 	pem, err := os.ReadFile(file)
 	if err != nil {

@@ -142,12 +142,12 @@ func TestStartupTimeout(t *testing.T) {
 				t.Fatal(err)
 			}
 			start := time.Now()
-			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			_ = c.SetReadDeadline(time.Now().Add(15 * time.Second))
 			_, err = io.Copy(io.Discard, c)
 			if err != nil {
 				t.Fatalf("the proxy did not close the connection: %v", err)
 			}
-			if d := time.Since(start); d > 2*time.Second {
+			if d := time.Since(start); d > 10*time.Second {
 				t.Fatalf("closed after %v", d)
 			}
 		})
@@ -253,7 +253,7 @@ func openFDs(t *testing.T) int {
 	t.Helper()
 	entries, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
-		t.Skipf("cannot count descriptors: %v", err)
+		testenv.SkipOrFail(t, "cannot count descriptors: %v", err)
 	}
 	return len(entries)
 }

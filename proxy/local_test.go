@@ -383,10 +383,7 @@ func TestFastPathPgx(t *testing.T) {
 // TestFastPathPgbench runs pgbench's extended and prepared modes through the proxy: each
 // transaction draws exactly one ID and none fails.
 func TestFastPathPgbench(t *testing.T) {
-	bin, err := exec.LookPath("pgbench")
-	if err != nil {
-		t.Skip("pgbench not installed")
-	}
+	bin := needTool(t, "pgbench")
 	up := startFakeUpstream(t, false)
 	db := "postgres://postgres@" + up.addr() + "/postgres"
 	p, ids := fastPathProxy(t, db)

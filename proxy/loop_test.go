@@ -491,11 +491,22 @@ func TestLoopDetachesWhileWaitingForAnID(t *testing.T) {
 	t.Run("client leaves while waiting", func(t *testing.T) {
 		p, ids := oneLoop(t)
 		waiter := connect(t, p.url(db))
-		go func() { _ = waiter.QueryRow(ctx, "SELECT leaf_next('order')").Scan(new(int64)) }()
+		// The query's goroutine must be done with the connection before the test's cleanup
+		// closes it: pgx connections are not safe for concurrent use.
+		queried := make(chan error, 1)
+		go func() { queried <- waiter.QueryRow(ctx, "SELECT leaf_next('order')").Scan(new(int64)) }()
 		awaitSignal(ctx, t, ids.waiting, "the ID request")
 		waiter.PgConn().Conn().Close()
 		p.srv.closeIdleConns() // a session that waits is not idle: nothing happens
 		close(ids.release)
+		select {
+		case err := <-queried:
+			if err == nil {
+				t.Fatal("leaf_next answered on a connection the client had closed")
+			}
+		case <-ctx.Done():
+			t.Fatal("the query on the closed connection never returned")
+		}
 		if !waitIdle(p.srv, 10*time.Second) {
 			t.Fatalf("%d connections still tracked", p.srv.connCount())
 		}

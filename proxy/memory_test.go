@@ -147,7 +147,7 @@ func openTLSClients(t *testing.T, addr string, n int) func() {
 func TestIdleTLSClients(t *testing.T) {
 	addr := os.Getenv(idleTLSAddrEnv)
 	if addr == "" {
-		t.Skip("the child process of TestIdleConnectionMemory")
+		return // run by itself: only the child process of TestIdleConnectionMemory has work
 	}
 	n, err := strconv.Atoi(os.Getenv(idleTLSCountEnv))
 	if err != nil {

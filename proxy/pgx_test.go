@@ -280,7 +280,9 @@ func TestPgxCancel(t *testing.T) {
 	if err == nil {
 		t.Fatal("pg_sleep(10) was not cancelled")
 	}
-	if d := time.Since(start); d > time.Second+300*time.Millisecond {
+	// pg_sleep(10) ending well before 10 s is the proof; the bound leaves room for a
+	// loaded machine.
+	if d := time.Since(start); d > 5*time.Second {
 		t.Fatalf("cancel took %v", d)
 	}
 	// pgx closes a connection whose context ended; the cancel itself must have reached
@@ -310,10 +312,10 @@ func TestPgxCancel(t *testing.T) {
 	select {
 	case err := <-done:
 		wantSQLState(t, err, "57014")
-		if d := time.Since(start); d > time.Second {
+		if d := time.Since(start); d > 5*time.Second {
 			t.Fatalf("cancel took %v", d)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(8 * time.Second):
 		t.Fatal("the query was not cancelled")
 	}
 	if err := conn2.Ping(ctx2); err != nil {

@@ -144,7 +144,7 @@ func FuzzParseTree(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, sql string) {
 		if strings.IndexByte(sql, 0) >= 0 {
-			t.Skip("the C parser stops at NUL; plan never parses such text")
+			return // the C parser stops at NUL; plan never parses such text
 		}
 		checkTree(t, sql)
 	})

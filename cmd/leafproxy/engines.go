@@ -184,6 +184,10 @@ func (a *app) status() httpapi.Status {
 	}
 	st.Health = []health.State{a.upstreamProbe.State(), a.storeProbe.State()}
 	st.ClientsOpen, st.ClientsTotal = a.metrics.Clients()
+	if a.runway != nil {
+		rw := a.runway.Snapshot()
+		st.Runway = &rw
+	}
 	a.mu.Lock()
 	st.Conflicts = a.conflicts
 	a.mu.Unlock()

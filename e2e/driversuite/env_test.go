@@ -117,7 +117,7 @@ func sharedServer(ctx context.Context, t *testing.T) *server {
 // environment provides everything.
 func optional(t *testing.T, what string, err error) {
 	t.Helper()
-	if os.Getenv("CI") != "" {
+	if testenv.UnderCI() {
 		t.Fatalf("%s is required under CI: %v", what, err)
 	}
 	t.Logf("no %s (%v): the tests of pgx that need it skip", what, err)

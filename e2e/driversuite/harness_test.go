@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/leafproxy/leafproxy/internal/testenv"
 )
 
 // The tests in this file check the harness itself: reading go test's JSON, comparing
@@ -234,7 +236,7 @@ func TestSubprocessEnv(t *testing.T) {
 func TestGoTest(t *testing.T) {
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		t.Skipf("no go command: %v", err)
+		testenv.SkipOrFail(t, "no go command: %v", err)
 	}
 	dir := t.TempDir()
 	files := map[string]string{

@@ -3,7 +3,9 @@ package httpapi
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"html/template"
+	"math"
 	"net/http"
 	"sort"
 	"strings"
@@ -37,6 +39,9 @@ type Status struct {
 	Conflicts []string
 	// Lease is what is known of the snowflake worker ID's lease; nil when not known.
 	Lease *LeaseStatus
+	// Runway is how long the tags, the snowflake time bits and the worker IDs last; nil
+	// when it is not measured.
+	Runway *metrics.RunwaySnapshot
 }
 
 // SnowflakeStatus describes the snowflake engine and its worker ID.
@@ -86,7 +91,7 @@ var sqlStateNames = map[string]string{
 	"57P03": "shutting down",
 }
 
-var statusTemplate = template.Must(template.New("status").Parse(`<!DOCTYPE html>
+var statusTemplate = template.Must(template.New("status").Funcs(template.FuncMap{"lasts": lasts}).Parse(`<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
@@ -185,6 +190,16 @@ svg text { font: 10px system-ui, sans-serif; fill: #5b6775; }
 {{if .Session}}<dt>ZooKeeper session</dt><dd id="zk-session">{{.Session}}</dd>{{end}}
 <dt>lease events</dt><dd id="lease-events">{{range $i, $e := .Events}}{{if $i}}; {{end}}{{$e.Name}} {{$e.Count}}{{if not $e.Last.IsZero}} (last {{$e.Last.Format "15:04:05"}}){{end}}{{else}}none{{end}}</dd>{{end}}
 </dl>{{else}}<p class="muted">The snowflake engine is not running.</p>{{end}}
+
+<h2>Runway</h2>
+{{with .Status.Runway}}<table id="runway">
+<tr><th>what</th><th>key type</th><th>used up to</th><th>left</th><th>rate</th><th>lasts</th></tr>
+{{range .Tags}}<tr class="runway-tag"><td>segment tag {{.Tag}}</td><td>{{.KeyType}}</td><td class="num">{{.MaxID}}</td><td class="num">{{.Left}}</td><td class="num">{{printf "%.1f" .Rate}}/s</td><td>{{lasts .SecondsLeft}}</td></tr>
+{{end}}{{with .Snowflake}}<tr id="runway-snowflake"><td>snowflake time bits</td><td>—</td><td>—</td><td>until {{.End.Format "2006-01-02"}}</td><td>—</td><td>{{lasts .SecondsLeft}}</td></tr>
+{{end}}{{with .Workers}}<tr id="runway-workers"><td>worker IDs (lease table)</td><td>—</td><td class="num">{{.Capacity}} in all</td><td class="num">{{.Free}} free</td><td>—</td><td>—</td></tr>
+{{end}}</table>
+<p class="muted">{{if .Read}}Read from the store at {{.ReadAt.Format "15:04:05"}}{{else}}Not read from the store yet{{end}}{{if .LastError}}; last error: {{.LastError}}{{end}}. Rates are the advance of max_id by all proxies together.</p>
+{{else}}<p class="muted">not measured</p>{{end}}
 
 <h2>Fill rules</h2>
 {{if .Status.FillRules}}<ul>{{range .Status.FillRules}}<li><code>{{.}}</code></li>{{end}}</ul>{{else}}<p class="muted">none</p>{{end}}
@@ -347,4 +362,29 @@ func errorRows(samples []metrics.HistorySample, now time.Time) []errorRow {
 		return rows[i].Code < rows[j].Code
 	})
 	return rows
+}
+
+// lasts words a runway in seconds for a reader: "no consumption" while nothing is used,
+// else the largest unit that fits.
+func lasts(seconds float64) string {
+	const day = 24 * 3600
+	count := func(n float64, unit string) string {
+		if n == 1 {
+			return "1 " + unit
+		}
+		return fmt.Sprintf("%.0f %ss", n, unit)
+	}
+	switch {
+	case math.IsInf(seconds, 1) || math.IsNaN(seconds):
+		return "no consumption"
+	case seconds <= 0:
+		return "used up"
+	case seconds >= 365*day:
+		return count(math.Floor(seconds/(365*day)), "year")
+	case seconds >= day:
+		return count(math.Floor(seconds/day), "day")
+	case seconds >= 3600:
+		return count(math.Floor(seconds/3600), "hour")
+	}
+	return count(math.Ceil(seconds/60), "minute")
 }

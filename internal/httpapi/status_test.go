@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"math"
 	"regexp"
 	"strings"
 	"testing"
@@ -113,5 +114,55 @@ func TestHistoryGraphScale(t *testing.T) {
 	empty := drawGraph("g", "x", nil, now, "%.0f")
 	if !strings.Contains(string(empty.SVG), "collecting samples") {
 		t.Errorf("empty graph: %s", empty.SVG)
+	}
+}
+
+// TestStatusPageRunway: how long each segment tag, the snowflake time bits and the worker
+// IDs last, worded for a reader.
+func TestStatusPageRunway(t *testing.T) {
+	now := time.Now()
+	o := fullOptions()
+	base := o.Status
+	o.Status = func() Status {
+		st := base()
+		st.Runway = &metrics.RunwaySnapshot{Read: true, ReadAt: now,
+			Tags: []metrics.TagRunway{
+				{Tag: "invoice", KeyType: metrics.KeyInteger, MaxID: 2_000_000_000, Left: 147_483_647, Rate: 20, SecondsLeft: 147_483_647.0 / 20},
+				{Tag: "order", KeyType: metrics.KeyBigint, MaxID: 5000, Left: 1 << 40, SecondsLeft: math.Inf(1)},
+			},
+			Snowflake: &metrics.SnowflakeRunway{End: time.Date(2080, 7, 10, 17, 30, 30, 0, time.UTC), SecondsLeft: 54 * 365 * 86400},
+			Workers:   &metrics.WorkerRunway{Free: 1020, Capacity: 1024},
+		}
+		return st
+	}
+	srv := newTestServer(t, o)
+	_, body, _ := get(t, srv, "/", "")
+	for _, want := range []string{
+		`<td>segment tag invoice</td><td>integer</td><td class="num">2000000000</td><td class="num">147483647</td><td class="num">20.0/s</td><td>85 days</td>`,
+		`<td>segment tag order</td><td>bigint</td>`, `<td>no consumption</td>`,
+		`id="runway-snowflake"`, "until 2080-07-10", "54 years",
+		`id="runway-workers"`, "1020 free",
+		"Read from the store at " + now.Format("15:04:05"),
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("status page lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("page:\n%s", body)
+	}
+}
+
+func TestLasts(t *testing.T) {
+	for _, c := range []struct {
+		seconds float64
+		want    string
+	}{
+		{math.Inf(1), "no consumption"}, {0, "used up"}, {-3, "used up"}, {59, "1 minute"}, {61, "2 minutes"},
+		{7200, "2 hours"}, {3 * 86400, "3 days"}, {400 * 86400, "1 year"}, {800 * 86400, "2 years"},
+	} {
+		if got := lasts(c.seconds); got != c.want {
+			t.Errorf("lasts(%v) = %q, want %q", c.seconds, got, c.want)
+		}
 	}
 }

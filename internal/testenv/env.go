@@ -18,6 +18,8 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -46,16 +48,34 @@ const (
 	DeniedPassword = "denied-secret"
 )
 
+// UnderCI reports whether the tests run under CI (the CI variable is set, as `.ci/run`
+// does): there, everything a test needs is installed and a missing piece is a failure.
+func UnderCI() bool { return os.Getenv("CI") != "" }
+
+// SkipOrFail is the one way a test gives up for want of something outside the code under
+// test (a tool, a server, a feature of the built binary): it skips the test on a
+// developer's machine and fails it under CI, so that a CI run can never go green by
+// skipping. The message says what is missing; under CI it is reported as required.
+//
+// A test that skips by design in -short mode calls t.Skip itself: `make test` never
+// passes -short.
+func SkipOrFail(t testing.TB, format string, args ...any) {
+	t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	if UnderCI() {
+		t.Fatalf("%s: required under CI (scripts/install-deps.sh installs every tool the tests use)", msg)
+		return
+	}
+	t.Skipf("%s: skipping (under CI this fails)", msg)
+}
+
 // need returns the value of an environment variable a test depends on, skipping the test
 // when it is unset outside CI and failing it under CI.
 func need(t testing.TB, name, what string) string {
 	t.Helper()
 	v := os.Getenv(name)
 	if v == "" {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("%s is not set: %s is required under CI (run the tests with `make test`)", name, what)
-		}
-		t.Skipf("%s is not set: skipping a test that needs %s (run `make test`)", name, what)
+		SkipOrFail(t, "%s is not set: the test needs %s (run the tests with `make test`)", name, what)
 	}
 	return v
 }
@@ -128,14 +148,22 @@ func WithUser(rawURL, user, password string) string {
 	return u.String()
 }
 
+// EnvPorts names the loopback ports FreePort may hand out, as "LOW-HIGH" (both included),
+// for a machine where other services listen in the default range.
+const EnvPorts = "LEAF_TEST_PORTS"
+
 // FreePort returns a loopback TCP port that was free a moment ago. It is drawn at random
-// from below the kernel's ephemeral range: a port the kernel handed out for "port 0" could
-// be given again to the next outgoing connection before the server that is to listen on it
-// (a JVM taking seconds to start, say) binds it, which under load broke ZooKeeper elections.
+// from below the kernel's ephemeral range (or from EnvPorts): a port the kernel handed out
+// for "port 0" could be given again to the next outgoing connection before the server that
+// is to listen on it (a JVM taking seconds to start, say) binds it, which under load broke
+// ZooKeeper elections.
 func FreePort() (int, error) {
-	lo, hi := portRange()
+	lo, hi, err := portRange()
+	if err != nil {
+		return 0, err
+	}
 	for range 200 {
-		port := lo + mathrand.IntN(hi-lo)
+		port := lo + mathrand.IntN(hi-lo+1)
 		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if err != nil {
 			continue
@@ -143,20 +171,38 @@ func FreePort() (int, error) {
 		l.Close()
 		return port, nil
 	}
-	return 0, fmt.Errorf("no free loopback port in %d..%d", lo, hi)
+	return 0, fmt.Errorf("no free loopback port in %d-%d", lo, hi)
 }
 
-// portRange returns the ports FreePort draws from: 10000 up to the start of the
-// ephemeral range (32768 unless the kernel says otherwise).
-func portRange() (lo, hi int) {
-	lo, hi = 10000, 32768
+// portRange returns the ports FreePort draws from, both included: EnvPorts when set, else
+// 10000 up to just below the ephemeral range (32768 unless the kernel says otherwise).
+func portRange() (lo, hi int, err error) {
+	if v := os.Getenv(EnvPorts); v != "" {
+		return parsePortRange(v)
+	}
+	lo, hi = 10000, 32767
 	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
 		var first, last int
 		if n, _ := fmt.Sscan(string(b), &first, &last); n == 2 && first > lo+1000 {
-			hi = first
+			hi = first - 1
 		}
 	}
-	return lo, hi
+	return lo, hi, nil
+}
+
+// parsePortRange reads "LOW-HIGH": two ports, 1024 < LOW <= HIGH <= 65535.
+func parsePortRange(v string) (lo, hi int, err error) {
+	l, h, ok := strings.Cut(v, "-")
+	if ok {
+		lo, err = strconv.Atoi(strings.TrimSpace(l))
+		if err == nil {
+			hi, err = strconv.Atoi(strings.TrimSpace(h))
+		}
+	}
+	if !ok || err != nil || lo <= 1024 || hi < lo || hi > 65535 {
+		return 0, 0, fmt.Errorf("%s=%q: want LOW-HIGH, two ports with 1024 < LOW <= HIGH <= 65535 (e.g. 20000-29999)", EnvPorts, v)
+	}
+	return lo, hi, nil
 }
 
 func randomHex(n int) string {

@@ -202,7 +202,7 @@ func (z *ZooKeeper) WaitServing(ctx context.Context) error {
 
 // Mode asks the server for its mode: "standalone", "leader" or "follower".
 func (z *ZooKeeper) Mode() (string, error) {
-	conn, err := net.DialTimeout("tcp", z.Addr(), time.Second)
+	conn, err := net.DialTimeout("tcp", z.Addr(), 10*time.Second)
 	if err != nil {
 		return "", err
 	}

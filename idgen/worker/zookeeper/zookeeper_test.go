@@ -60,7 +60,7 @@ func deleteTree(c *zk.Conn, p string) {
 func settings(t *testing.T, addr, name, port string) zookeeper.Settings {
 	log, _ := test.NewNullLogger()
 	return zookeeper.Settings{Servers: []string{addr}, Name: name, IP: "127.0.0.1", Port: port,
-		CacheDir: t.TempDir(), ConnectTimeout: 5 * time.Second, SessionTimeout: 4 * time.Second, Logger: log}
+		CacheDir: t.TempDir(), ConnectTimeout: 15 * time.Second, SessionTimeout: 4 * time.Second, Logger: log}
 }
 
 func newSource(t *testing.T, s zookeeper.Settings) *zookeeper.Source {

@@ -1,6 +1,6 @@
-// Package migrations holds the leaf_alloc schema as golang-migrate migrations, embedded in
-// the binary, and applies them through the pgx5 driver. Applying them when they are already
-// applied does nothing.
+// Package migrations holds the store schema (leaf_alloc, leaf_worker_lease, leaf_fill) as
+// golang-migrate migrations, embedded in the binary, and applies them through the pgx5
+// driver. Applying them when they are already applied does nothing.
 package migrations
 
 import (
@@ -81,7 +81,7 @@ func Up(dsn string) error {
 	return closeMigrate(m, err)
 }
 
-// Down reverts every migration, dropping leaf_alloc and the lease table.
+// Down reverts every migration, dropping leaf_alloc, the lease table and leaf_fill.
 func Down(dsn string) error {
 	m, err := open(dsn)
 	if err != nil {

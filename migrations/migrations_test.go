@@ -28,8 +28,8 @@ func tableExists(t *testing.T, dsn, table string) bool {
 func TestUpDownUp(t *testing.T) {
 	dsn := testenv.NewDatabase(t)
 	latest, err := migrations.Latest()
-	if err != nil || latest < 2 {
-		t.Fatalf("Latest() = %d, %v; want ≥ 2", latest, err)
+	if err != nil || latest < 3 {
+		t.Fatalf("Latest() = %d, %v; want ≥ 3", latest, err)
 	}
 	if v, dirty, err := migrations.Version(dsn); err != nil || v != 0 || dirty {
 		t.Fatalf("fresh Version() = %d, %v, %v; want 0, false, nil", v, dirty, err)
@@ -44,7 +44,7 @@ func TestUpDownUp(t *testing.T) {
 		if v, dirty, err := migrations.Version(dsn); err != nil || v != latest || dirty {
 			t.Fatalf("round %d: Version() = %d, %v, %v; want %d", round, v, dirty, err, latest)
 		}
-		for _, table := range []string{"leaf_alloc", "leaf_worker_lease"} {
+		for _, table := range []string{"leaf_alloc", "leaf_worker_lease", "leaf_fill"} {
 			if !tableExists(t, dsn, table) {
 				t.Fatalf("round %d: %s missing after Up", round, table)
 			}
@@ -53,7 +53,7 @@ func TestUpDownUp(t *testing.T) {
 			if err := migrations.Down(dsn); err != nil {
 				t.Fatalf("Down: %v", err)
 			}
-			if tableExists(t, dsn, "leaf_alloc") || tableExists(t, dsn, "leaf_worker_lease") {
+			if tableExists(t, dsn, "leaf_alloc") || tableExists(t, dsn, "leaf_worker_lease") || tableExists(t, dsn, "leaf_fill") {
 				t.Fatal("tables left after Down")
 			}
 		}
@@ -88,5 +88,47 @@ func TestBadDSN(t *testing.T) {
 		if err := migrations.Up(dsn); err == nil {
 			t.Errorf("Up(%q) succeeded", dsn)
 		}
+	}
+}
+
+// TestFillTable checks that migration 3 adds leaf_fill, one row per table and column, and
+// that stepping back one version drops it and nothing else.
+func TestFillTable(t *testing.T) {
+	dsn := testenv.NewDatabase(t)
+	if err := migrations.Steps(dsn, 2); err != nil {
+		t.Fatal(err)
+	}
+	if tableExists(t, dsn, "leaf_fill") {
+		t.Fatal("leaf_fill exists at version 2")
+	}
+	if err := migrations.Steps(dsn, 1); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `INSERT INTO leaf_fill (table_name, column_name, tag) VALUES ('orders', 'id', 'order')`); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{
+		`INSERT INTO leaf_fill (table_name, column_name, tag) VALUES ('orders', 'id', 'other')`, // same table and column
+		`INSERT INTO leaf_fill (table_name, column_name, tag) VALUES ('orders', 'no', '')`,      // empty tag
+		`INSERT INTO leaf_fill (table_name, column_name, tag) VALUES ('', 'id', 'x')`,
+	} {
+		if _, err := conn.Exec(ctx, bad); err == nil {
+			t.Errorf("accepted: %s", bad)
+		}
+	}
+	if err := migrations.Steps(dsn, -1); err != nil {
+		t.Fatal(err)
+	}
+	if tableExists(t, dsn, "leaf_fill") || !tableExists(t, dsn, "leaf_alloc") || !tableExists(t, dsn, "leaf_worker_lease") {
+		t.Fatal("stepping back from version 3 must drop leaf_fill only")
+	}
+	if v, _, err := migrations.Version(dsn); err != nil || v != 2 {
+		t.Fatalf("Version() = %d, %v; want 2", v, err)
 	}
 }

@@ -175,11 +175,12 @@ const inlinePlanMax = 256
 // prefilter or its cache needs no copy, and only a text it must plan, and may keep in its
 // cache, is copied.
 func (c *conn) plan(sql string) (*rewrite.Plan, error) {
-	if p, ok, err := c.srv.Rewriter.Cached(sql); ok {
+	rw := c.srv.rewriter() // one rewriter for both steps, even when SetRewriter runs between them
+	if p, ok, err := rw.Cached(sql); ok {
 		return p, err
 	}
 	c.leaveLoopFor(len(sql))
-	return c.srv.Rewriter.Plan(strings.Clone(sql))
+	return rw.Plan(strings.Clone(sql))
 }
 
 // leaveLoopFor detaches from an event loop before parsing a text of n bytes, when that

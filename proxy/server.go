@@ -67,7 +67,8 @@ type Server struct {
 	MaxMessageSize int
 
 	// Rewriter, when set, rewrites SQL so that leaf_next/leaf_snowflake calls and filled
-	// INSERTs receive IDs from IDs; nil relays all SQL unchanged.
+	// INSERTs receive IDs from IDs; nil relays all SQL unchanged. SetRewriter replaces it
+	// while the server runs.
 	Rewriter *rewrite.Rewriter
 	// IDs supplies the IDs the rewritten statements need; required with Rewriter.
 	IDs IDSource
@@ -109,7 +110,8 @@ type Server struct {
 	listeners  map[*net.Listener]struct{}
 	conns      map[*conn]struct{}
 	inShutdown atomic.Bool
-	sessions   atomic.Int64 // clients past the startup packet, counted against MaxClientConns
+	swapped    atomic.Pointer[rewrite.Rewriter] // set by SetRewriter; wins over Rewriter
+	sessions   atomic.Int64                     // clients past the startup packet, counted against MaxClientConns
 	nextID     atomic.Uint64
 	cancels    cancelRegistry
 	loops      loopGroup

@@ -161,7 +161,7 @@ func (a *app) catalogRules(cfgRules []config.FillRule) ([]rewrite.FillRule, rewr
 	if len(cfgRules) == 0 {
 		return nil, nil, nil
 	}
-	cat := a.catalog
+	cat := a.catalogNow()
 	if cat == nil {
 		var err error
 		if cat, err = newCatalog(a.cfg.Store, a.cfg.Upstream, cfgRules); err != nil {
@@ -183,8 +183,17 @@ func (a *app) catalogRules(cfgRules []config.FillRule) ([]rewrite.FillRule, rewr
 		}
 		rules = append(rules, rewrite.FillRule{Schema: r.Schema, Table: r.Table, Column: r.Column, Tag: r.Tag})
 	}
+	a.mu.Lock()
 	a.catalog = cat
+	a.mu.Unlock()
 	return rules, cat, nil
+}
+
+// catalogNow is the catalog of the filled tables, nil until a rule set names one.
+func (a *app) catalogNow() *catalog {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.catalog
 }
 
 // rewriterNow is the rewriter the proxy plans with.
@@ -195,7 +204,8 @@ func (a *app) rewriterNow() *rewrite.Rewriter {
 }
 
 // refreshCatalog rereads the catalog every interval until ctx ends, dropping the
-// rewriter's cached plans when the columns changed.
+// rewriter's cached plans when the columns changed. It has nothing to read while no rule
+// set names a table (the rules of leaf_fill may come later).
 func (a *app) refreshCatalog(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -205,8 +215,12 @@ func (a *app) refreshCatalog(ctx context.Context, interval time.Duration) {
 			return
 		case <-t.C:
 		}
+		cat := a.catalogNow()
+		if cat == nil {
+			continue
+		}
 		lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		changed, err := a.catalog.load(lctx)
+		changed, err := cat.load(lctx)
 		cancel()
 		switch {
 		case err != nil:

@@ -102,10 +102,10 @@ func TestServeConfigErrors(t *testing.T) {
 func TestMigrate(t *testing.T) {
 	t.Parallel()
 	dsn := testenv.NewDatabase(t)
-	if out := mustRun(t, "migrate", "version", "--dsn", dsn); !strings.Contains(out, "version 0 of 2") {
+	if out := mustRun(t, "migrate", "version", "--dsn", dsn); !strings.Contains(out, "version 0 of 3") {
 		t.Errorf("fresh version: %q", out)
 	}
-	if out := mustRun(t, "migrate", "up", "--dsn", dsn); !strings.Contains(out, "version 2 of 2") {
+	if out := mustRun(t, "migrate", "up", "--dsn", dsn); !strings.Contains(out, "version 3 of 3") {
 		t.Errorf("after up: %q", out)
 	}
 	mustRun(t, "migrate", "up", "--dsn", dsn) // a second up changes nothing and succeeds
@@ -114,18 +114,18 @@ func TestMigrate(t *testing.T) {
 		t.Errorf("down without --yes: %+v", r)
 	}
 	mustRun(t, "tag", "add", "t1", "--step", "10", "--dsn", dsn) // the schema is still there
-	if out := mustRun(t, "migrate", "down", "--yes", "--dsn", dsn); !strings.Contains(out, "version 0 of 2") {
+	if out := mustRun(t, "migrate", "down", "--yes", "--dsn", dsn); !strings.Contains(out, "version 0 of 3") {
 		t.Errorf("after down: %q", out)
 	}
 	if r := leafproxy(t, nil, "tag", "list", "--dsn", dsn); r.code != 1 || !strings.Contains(r.stderr, "migrate up") {
 		t.Errorf("tag list without schema should point at migrate up: %+v", r)
 	}
 	// The DSN may come from LEAFPROXY_STORE, the variable serve reads.
-	if r := leafproxy(t, []string{"LEAFPROXY_STORE=" + dsn}, "migrate", "up"); r.code != 0 || !strings.Contains(r.stdout, "version 2 of 2") {
+	if r := leafproxy(t, []string{"LEAFPROXY_STORE=" + dsn}, "migrate", "up"); r.code != 0 || !strings.Contains(r.stdout, "version 3 of 3") {
 		t.Errorf("up again via LEAFPROXY_STORE: %+v", r)
 	}
 	mustRun(t, "migrate", "force", "1", "--dsn", dsn)
-	if out := mustRun(t, "migrate", "version", "--dsn", dsn); !strings.Contains(out, "version 1 of 2") {
+	if out := mustRun(t, "migrate", "version", "--dsn", dsn); !strings.Contains(out, "version 1 of 3") {
 		t.Errorf("after force 1: %q", out)
 	}
 	for _, tc := range []struct {

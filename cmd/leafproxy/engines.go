@@ -168,7 +168,7 @@ func (a *app) status() httpapi.Status {
 		Upstream:      a.cfg.Upstream,
 		SnowflakeTags: a.cfg.SnowflakeTags,
 	}
-	for _, r := range a.cfg.FillRules {
+	for _, r := range a.fill.current() {
 		st.FillRules = append(st.FillRules, r.String())
 	}
 	if a.snowflake != nil {

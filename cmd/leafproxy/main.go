@@ -48,6 +48,7 @@ Commands:
   serve        run the proxy, the ID engines and the admin HTTP server
   migrate      apply or revert the leaf_alloc schema: up, down, version, force
   tag          manage segment tags in leaf_alloc: add, list, set-step, set-max-id, remove
+  fill         manage the fill rules every proxy reads from leaf_fill: add, list, remove
   decode       split snowflake IDs into time, worker and sequence (JSON)
   healthcheck  ask a running proxy's /readyz (exit 0 when ready), for container probes
   version      print the version
@@ -73,6 +74,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = migrateCmd(rest, stdout, stderr)
 	case "tag":
 		err = tagCmd(rest, stdout, stderr)
+	case "fill":
+		err = fillCmd(rest, stdout, stderr)
 	case "decode":
 		err = decodeCmd(rest, stdout, stderr)
 	case "healthcheck":

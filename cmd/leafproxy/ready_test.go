@@ -130,7 +130,7 @@ func TestServeWithoutSchema(t *testing.T) {
 	}
 	s := startServe(t, nil, serveArgs(t, dsn, 4, "--migrate-on-start")...)
 	waitReady(s)
-	if out := mustRun(t, "migrate", "version", "--dsn", dsn); !strings.Contains(out, "version 2 of 2") {
+	if out := mustRun(t, "migrate", "version", "--dsn", dsn); !strings.Contains(out, "version 3 of 3") {
 		t.Errorf("after migrate-on-start: %q", out)
 	}
 }

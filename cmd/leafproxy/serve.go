@@ -38,7 +38,8 @@ Runs the PostgreSQL proxy, the segment and snowflake ID engines, and the admin H
 Every setting can come from the YAML file (key = flag name), from LEAFPROXY_<NAME>
 (upper case, '-' → '_'), or from a flag; a flag wins over the environment, which wins over
 the file. SIGTERM or SIGINT shuts down gracefully: the proxy stops accepting and lets
-sessions finish for up to shutdown-timeout, and the segment engine gives unused IDs back.`
+sessions finish for up to shutdown-timeout, and the segment engine gives unused IDs back.
+SIGHUP reads the fill rules of the store (leaf_fill) at once, as every fill-refresh does.`
 
 func serveCmd(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("serve", serveSynopsis, stderr)
@@ -121,6 +122,8 @@ type app struct {
 	history       *metrics.History
 	events        leaseEvents
 
+	fill fillRules // the fill rules in use, config and store merged
+
 	mu        sync.Mutex
 	conflicts []string             // tags both in snowflake-tags and leaf_alloc
 	lease     *httpapi.LeaseStatus // the lease row as last read
@@ -129,6 +132,9 @@ type app struct {
 
 func (a *app) run(ctx context.Context) (err error) {
 	cfg, log := a.cfg, a.log
+	// Caught from the start: SIGHUP's default action would end the process.
+	hup, stopHup := notifyHangup()
+	defer stopHup()
 	log.WithFields(logrus.Fields{"version": buildVersion(), "listen": cfg.Listen, "upstream": cfg.Upstream,
 		"http": cfg.HTTP, "worker_source": cfg.WorkerSource}).Info("starting leafproxy")
 
@@ -300,13 +306,15 @@ func (a *app) run(ctx context.Context) (err error) {
 	if a.proxy, err = a.newProxy(); err != nil {
 		return err
 	}
-	if a.catalog != nil {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			a.refreshCatalog(ctx, catalogRefresh)
-		}()
-	}
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		a.refreshCatalog(ctx, catalogRefresh)
+	}()
+	go func() {
+		defer wg.Done()
+		a.watchFill(ctx, hup)
+	}()
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- a.proxy.Serve(proxyLn) }()
 	log.WithField("listen", proxyLn.Addr().String()).Info("proxy accepting connections")
@@ -366,14 +374,7 @@ func (a *app) newProxy() (*proxy.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("upstream-sslmode: %w", err)
 	}
-	rules, cat, err := a.catalogRules(cfg.FillRules)
-	if err != nil {
-		return nil, err
-	}
-	codec := a.snowflake.Codec()
-	rw, err := rewrite.New(rewrite.Settings{Fill: rules, Catalog: cat, Snowflake: rewrite.SnowflakeLayout{
-		EpochMillis: codec.EpochMillis(), WorkerBits: codec.Layout().WorkerBits, SequenceBits: codec.Layout().SequenceBits,
-	}})
+	rw, err := a.newRewriter(a.initialFillRules(context.Background()))
 	if err != nil {
 		return nil, fmt.Errorf("fill: %w", err)
 	}

@@ -68,6 +68,8 @@ type Config struct {
 	Fill List `yaml:"fill"`
 	// FillRules is Fill parsed; Load sets it.
 	FillRules []FillRule `yaml:"-"`
+	// FillRefresh is how often the fill rules of the store (leaf_fill) are read again.
+	FillRefresh time.Duration `yaml:"fill-refresh"`
 
 	SegmentPreload float64 `yaml:"segment-preload"`
 	KeyTypes       List    `yaml:"key-types"`
@@ -98,6 +100,7 @@ func Defaults() Config {
 		SegmentPreload:  0.9,
 		MaxBatch:        10_000,
 		ShutdownTimeout: 30 * time.Second,
+		FillRefresh:     60 * time.Second,
 		LogLevel:        "info",
 		LogFormat:       "text",
 	}
@@ -215,6 +218,8 @@ var settings = []setting{
 		field: func(c *Config) any { return &c.MaxBatch }},
 	{name: "fill", arg: "[SCHEMA.]TABLE.COLUMN=TAG", repeat: true, usage: "fill rule [schema.]table.column=tag: INSERTs into table without column get an ID of tag (repeatable)",
 		field: func(c *Config) any { return &c.Fill }},
+	{name: "fill-refresh", usage: "how often the fill rules in the store (leaf_fill) are read again; SIGHUP reads them at once",
+		field: func(c *Config) any { return &c.FillRefresh }},
 	{name: "segment-preload", usage: "load the next segment when less than this fraction of the current one is left (Leaf: 0.9)",
 		field: func(c *Config) any { return &c.SegmentPreload }},
 	{name: "key-types", arg: "TAG=TYPE,...", usage: "key column type of segment tags, for their runway (IDs and time left): TYPE is bigint, integer or js (2^53-1); *=TYPE sets it for every tag not named (default bigint)",

@@ -24,9 +24,9 @@ func (r FillRule) QualifiedTable() string {
 	return r.Schema + "." + r.Table
 }
 
-// String returns the rule in the form ParseFillRule reads.
+// String returns the rule in the form ParseFillRule reads, names quoted where needed.
 func (r FillRule) String() string {
-	return r.QualifiedTable() + "." + r.Column + "=" + r.Tag
+	return r.SQLTable() + "." + r.SQLColumn() + "=" + r.Tag
 }
 
 // ParseFillRule reads "[schema.]table.column=tag". Identifiers may be double-quoted

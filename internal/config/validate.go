@@ -195,6 +195,9 @@ func (c *Config) Validate() error {
 	if !(c.SegmentPreload > 0 && c.SegmentPreload < 1) {
 		bad("segment-preload", "%v must be a fraction strictly between 0 and 1", c.SegmentPreload)
 	}
+	if c.FillRefresh < time.Second {
+		bad("fill-refresh", "%s must be at least 1s", c.FillRefresh)
+	}
 	if c.ShutdownTimeout <= 0 {
 		bad("shutdown-timeout", "%s must be positive", c.ShutdownTimeout)
 	}

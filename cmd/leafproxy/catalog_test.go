@@ -65,9 +65,12 @@ func TestCatalogFilling(t *testing.T) {
 	s := startServe(t, nil, serveArgs(t, dsn, 13,
 		"--fill", "tickets.id=big", "--fill", "snowy.id=pay", "--fill", "audited.id=audit", "--fill", "ruled.id=audit")...)
 	waitReady(s)
-	if log := s.log.String(); !strings.Contains(log, "fill rule refused") || !strings.Contains(log, "snowy.id=pay") {
-		t.Errorf("no refusal of the snowflake tag on an integer key in the log:\n%s", log)
-	}
+	// The rules are loaded before the proxy accepts clients, not before /readyz answers.
+	s.waitFor("the refusal of the snowflake tag on an integer key in the log", func() bool {
+		log := s.log.String()
+		return strings.Contains(log, "fill rule refused") && strings.Contains(log, "snowy.id=pay")
+	})
+	s.waitFor("the proxy accepting connections", func() bool { return strings.Contains(s.log.String(), "proxy accepting connections") })
 	url := proxyURL(t, dsn, s.listen)
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {

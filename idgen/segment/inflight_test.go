@@ -429,10 +429,13 @@ func TestGiveBackWhileAnotherEngineLoads(t *testing.T) {
 	if err := a.Close(ctx); err != nil {
 		t.Fatalf("Close A: %v", err)
 	}
-	top := maxIDOf(t, pool, "t")
+	// B keeps drawing: take its IDs before reading max_id, so that every ID checked was
+	// handed out, and its range committed, before that read. (Read the other way round,
+	// B can load and hand out a new range in between, which says nothing of A.)
 	mu.Lock()
 	drawnByB := slices.Clone(fromB)
 	mu.Unlock()
+	top := maxIDOf(t, pool, "t")
 	for _, id := range drawnByB {
 		if id > top {
 			t.Fatalf("after A's give-back max_id = %d, below ID %d engine B handed out", top, id)

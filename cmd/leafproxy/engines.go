@@ -104,6 +104,11 @@ func (a *app) ready(ctx context.Context) error {
 		return errors.New("shutting down")
 	}
 	var problems []string
+	if !a.serving.Load() {
+		// The admin server comes up first; clients are served once the fill rules and the
+		// catalog of the filled tables are loaded.
+		problems = append(problems, "starting: the proxy does not accept clients yet")
+	}
 	if a.upstreamProbe != nil {
 		if p := a.upstreamProbe.State().Problem(); p != "" {
 			problems = append(problems, p)

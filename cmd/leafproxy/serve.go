@@ -108,6 +108,7 @@ type app struct {
 	segment   *segment.Engine
 	segReady  atomic.Bool // the segment engine's Start returned
 	stopping  atomic.Bool // shutdown began: /readyz fails so load balancers drain us
+	serving   atomic.Bool // the proxy serves its listener, with its rules loaded
 	snowflake *snowflake.Engine
 	router    *idgen.Router
 	clock     snowflake.Clock  // nil: the system clock
@@ -317,6 +318,7 @@ func (a *app) run(ctx context.Context) (err error) {
 	}()
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- a.proxy.Serve(proxyLn) }()
+	a.serving.Store(true)
 	log.WithField("listen", proxyLn.Addr().String()).Info("proxy accepting connections")
 
 	select {

@@ -27,24 +27,11 @@ Run "leafproxy fill <subcommand> --help" for its flags.
 `
 
 func fillCmd(args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, fillUsage)
-		return usageError("fill: missing subcommand")
-	}
-	sub, args := args[0], args[1:]
-	switch sub {
-	case "add":
-		return fillAdd(args, stdout, stderr)
-	case "list":
-		return fillList(args, stdout, stderr)
-	case "remove":
-		return fillRemove(args, stdout, stderr)
-	case "help", "-h", "-help", "--help":
-		fmt.Fprint(stdout, fillUsage)
-		return nil
-	}
-	fmt.Fprint(stderr, fillUsage)
-	return usageError("fill: unknown subcommand %q", sub)
+	return runSubcommand("fill", fillUsage, args, stdout, stderr, map[string]subcommand{
+		"add":    fillAdd,
+		"list":   fillList,
+		"remove": fillRemove,
+	})
 }
 
 func fillAdd(args []string, stdout, stderr io.Writer) error {

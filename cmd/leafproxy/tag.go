@@ -32,28 +32,40 @@ Run "leafproxy tag <subcommand> --help" for its flags.
 `
 
 func tagCmd(args []string, stdout, stderr io.Writer) error {
+	return runSubcommand("tag", tagUsage, args, stdout, stderr, map[string]subcommand{
+		"add":  tagAdd,
+		"list": tagList,
+		"set-step": func(args []string, stdout, stderr io.Writer) error {
+			return tagSetNumber("set-step", "NAME N", "set the minimum step of tag NAME to N (≥ 1); proxies use it from their next segment load", args, stdout, stderr)
+		},
+		"set-max-id": func(args []string, stdout, stderr io.Writer) error {
+			return tagSetNumber("set-max-id", "NAME M", "raise tag NAME's max_id to M so its next segment starts after M; lowering it is refused", args, stdout, stderr)
+		},
+		"remove": tagRemove,
+	})
+}
+
+// subcommand runs one subcommand of a command group (tag, fill) with the arguments after it.
+type subcommand func(args []string, stdout, stderr io.Writer) error
+
+// runSubcommand runs the subcommand args[0] of group, or prints the group's usage: to
+// stdout when asked for help, else to stderr with a usage error.
+func runSubcommand(group, usage string, args []string, stdout, stderr io.Writer, subs map[string]subcommand) error {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, tagUsage)
-		return usageError("tag: missing subcommand")
+		fmt.Fprint(stderr, usage)
+		return usageError("%s: missing subcommand", group)
 	}
 	sub, args := args[0], args[1:]
+	if run, ok := subs[sub]; ok {
+		return run(args, stdout, stderr)
+	}
 	switch sub {
-	case "add":
-		return tagAdd(args, stdout, stderr)
-	case "list":
-		return tagList(args, stdout, stderr)
-	case "set-step":
-		return tagSetNumber(sub, "NAME N", "set the minimum step of tag NAME to N (≥ 1); proxies use it from their next segment load", args, stdout, stderr)
-	case "set-max-id":
-		return tagSetNumber(sub, "NAME M", "raise tag NAME's max_id to M so its next segment starts after M; lowering it is refused", args, stdout, stderr)
-	case "remove":
-		return tagRemove(args, stdout, stderr)
 	case "help", "-h", "-help", "--help":
-		fmt.Fprint(stdout, tagUsage)
+		fmt.Fprint(stdout, usage)
 		return nil
 	}
-	fmt.Fprint(stderr, tagUsage)
-	return usageError("tag: unknown subcommand %q", sub)
+	fmt.Fprint(stderr, usage)
+	return usageError("%s: unknown subcommand %q", group, sub)
 }
 
 // withDB connects to the store for one tag command.

@@ -35,7 +35,7 @@ type conn struct {
 
 	// cwMu serialises writes to the client: the upstream-to-client relay writes there,
 	// and so do Shutdown (a final FATAL) and the client-side relay (its own errors).
-	cwMu sync.Mutex
+	cwMu sessionLock
 	cw   *bufio.Writer
 
 	cancelKey string                  // BackendKeyData the client was given, registered in srv.cancels; under mu
@@ -285,18 +285,31 @@ func (c *conn) closeIfIdle() {
 	if c.txStatus.Load() != 'I' || c.pending.Load() != 0 {
 		return
 	}
-	if !c.cwMu.TryLock() {
+	// Another goroutine's: the mutex itself, whoever serves the session.
+	if !c.cwMu.mu.TryLock() {
 		return // a response is being relayed right now: not idle
+	}
+	if ls := c.loop.Load(); ls != nil {
+		c.cwMu.mu.Unlock() // a loop took the session over meanwhile
+		ls.requestCloseIfIdle()
+		return
 	}
 	if c.txStatus.Load() == 'I' && c.pending.Load() == 0 {
 		_ = c.client.SetWriteDeadline(time.Now().Add(time.Second))
 		_, _ = c.cw.Write(fatal(codeAdminShutdown, "terminating connection due to administrator command"))
 		_ = c.cw.Flush()
-		c.cwMu.Unlock()
+		c.cwMu.mu.Unlock()
 		c.close()
 		return
 	}
-	c.cwMu.Unlock()
+	c.cwMu.mu.Unlock()
+}
+
+// singleGoroutine tells the session's locks whether one goroutine at a time serves it
+// (an event loop) or two (a goroutine pair); see sessionLock.
+func (c *conn) singleGoroutine(single bool) {
+	c.cwMu.single = single
+	c.sess.mu.single = single
 }
 
 // startupParams returns the name/value pairs of a protocol 3 StartupMessage packet.

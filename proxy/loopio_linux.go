@@ -178,6 +178,8 @@ func (ls *loopSession) handOff() {
 		c.close()
 		return
 	}
+	// Two goroutines serve the session from now on; none runs yet.
+	c.singleGoroutine(false)
 	clientStream, clientWriter := ls.client.resume(client)
 	upstreamStream, upstreamWriter := ls.upstream.resume(upstream)
 	c.cwMu.Lock()

@@ -79,8 +79,10 @@ func (s *Server) adopt(c *conn) bool {
 	if _, ok := s.IDs.(IDProber); s.Rewriter != nil && !ok {
 		return false
 	}
-	c.cwMu.Lock()
-	defer c.cwMu.Unlock()
+	// The real mutex: whoever else holds it (Shutdown's closeIfIdle) is done before the
+	// session changes hands, and looks at c.loop again once it has it.
+	c.cwMu.mu.Lock()
+	defer c.cwMu.mu.Unlock()
 	if c.cw.Flush() != nil || c.uw.Flush() != nil {
 		return false
 	}
@@ -128,6 +130,8 @@ func (s *Server) adopt(c *conn) bool {
 	c.client = &loopConn{ls: ls, local: clientSock.LocalAddr(), remote: clientSock.RemoteAddr()}
 	c.upstream = &loopConn{ls: ls, local: upstreamSock.LocalAddr(), remote: upstreamSock.RemoteAddr()}
 	c.loop.Store(ls)
+	// From now on only the loop's goroutine (or a handler it detached) runs the session.
+	c.singleGoroutine(true)
 	// Posted under c.mu: a close that follows posts its teardown after the registration.
 	l.post(ls.register)
 	c.mu.Unlock()

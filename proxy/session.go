@@ -82,7 +82,7 @@ type cycle struct {
 // sessionState is the rewriting proxy's bookkeeping of one session, shared by the two
 // relay goroutines under mu. Lock order: conn.cwMu before mu.
 type sessionState struct {
-	mu     sync.Mutex
+	mu     sessionLock
 	stmts  map[string]*statement
 	queue  []*cycle // cycles awaiting their ReadyForQuery, oldest first
 	spare  []*cycle // finished cycles kept for reuse: no allocation per request
@@ -102,6 +102,31 @@ type sessionState struct {
 	local      *localCycle
 	localSpare *localCycle // reused by every local cycle
 }
+
+// sessionLock is a mutex of a session's own state (conn.cwMu, sessionState.mu) that costs
+// nothing while one goroutine at a time serves the session, as an event loop does: it
+// locks only while a goroutine pair serves it. single changes only while no handler of
+// the session runs (when a loop adopts the session, before its first handler there, and
+// when the loop hands the session off, before the goroutines start), and only the
+// session's handlers use these methods; another goroutine (Shutdown, say) locks mu itself.
+type sessionLock struct {
+	mu     sync.Mutex
+	single bool
+}
+
+func (l *sessionLock) Lock() {
+	if !l.single {
+		l.mu.Lock()
+	}
+}
+
+func (l *sessionLock) Unlock() {
+	if !l.single {
+		l.mu.Unlock()
+	}
+}
+
+func (l *sessionLock) TryLock() bool { return l.single || l.mu.TryLock() }
 
 // unnamed returns the proxy-local unnamed statement, or nil.
 func (s *sessionState) unnamed() *localStatement {

@@ -19,13 +19,13 @@ var errStartupRefused = errors.New("upstream refused the startup")
 // the proxy only passes messages along, answers nothing itself, and records the cancel key.
 func (c *conn) authenticate() error {
 	for {
-		typ, n, err := c.ur.next()
+		typ, n, err := c.server.r.next()
 		if err != nil {
 			return c.upstreamStartupFailed(err)
 		}
 		switch typ {
 		case 'R':
-			body, err := c.ur.readBody(n)
+			body, err := c.server.r.readBody(n)
 			if err != nil {
 				return c.upstreamStartupFailed(err)
 			}
@@ -48,7 +48,7 @@ func (c *conn) authenticate() error {
 				}
 			}
 		case 'K':
-			body, err := c.ur.readBody(n)
+			body, err := c.server.r.readBody(n)
 			if err != nil {
 				return c.upstreamStartupFailed(err)
 			}
@@ -66,7 +66,7 @@ func (c *conn) authenticate() error {
 			_ = c.cw.Flush()
 			return errStartupRefused
 		case 'Z':
-			body, err := c.ur.readBody(n)
+			body, err := c.server.r.readBody(n)
 			if err != nil {
 				return c.upstreamStartupFailed(err)
 			}
@@ -80,10 +80,10 @@ func (c *conn) authenticate() error {
 				return err
 			}
 			// Published last: from here on Shutdown may write to the client.
-			c.txStatus.Store(uint32(body[0]))
+			c.server.txStatus.Store(uint32(body[0]))
 			return nil
 		case 'S': // ParameterStatus
-			body, err := c.ur.readBody(n)
+			body, err := c.server.r.readBody(n)
 			if err != nil {
 				return c.upstreamStartupFailed(err)
 			}
@@ -122,13 +122,13 @@ func (c *conn) relayAuthResponse(code uint32) error {
 	if code == pgproto3.AuthTypeSASL && n <= maxAuthTokenLength {
 		return c.relaySASLInitialResponse(n)
 	}
-	if err := writeHeader(c.uw, typ, n); err != nil {
+	if err := writeHeader(c.server.w, typ, n); err != nil {
 		return err
 	}
-	if err := c.cr.copyBody(c.uw, n); err != nil {
+	if err := c.cr.copyBody(c.server.w, n); err != nil {
 		return err
 	}
-	return c.uw.Flush()
+	return c.server.w.Flush()
 }
 
 // relayRaw copies one upstream message, whose header has been read, to the client.
@@ -136,7 +136,7 @@ func (c *conn) relayRaw(typ byte, n int) error {
 	if err := writeHeader(c.cw, typ, n); err != nil {
 		return err
 	}
-	return c.ur.copyBody(c.cw, n)
+	return c.server.r.copyBody(c.cw, n)
 }
 
 // writeClient writes one message to the client's buffer.
@@ -180,7 +180,7 @@ func (c *conn) channelBindingPasses() bool {
 	if _, ok := c.client.(*tls.Conn); !ok {
 		return false
 	}
-	up, ok := c.upstream.(*tls.Conn)
+	up, ok := c.server.nc.(*tls.Conn)
 	if !ok {
 		return false
 	}
@@ -245,12 +245,12 @@ func (c *conn) relaySASLInitialResponse(n int) error {
 	if err := c.writeUpstream('p', body); err != nil {
 		return err
 	}
-	return c.uw.Flush()
+	return c.server.w.Flush()
 }
 
 // upstreamTLS reports whether the upstream connection is encrypted.
 func (c *conn) upstreamTLS() bool {
-	_, ok := c.upstream.(*tls.Conn)
+	_, ok := c.server.nc.(*tls.Conn)
 	return ok
 }
 
@@ -275,9 +275,9 @@ func parseSASLInitialResponse(body []byte) (mech string, data []byte, ok bool) {
 
 // writeUpstream writes one message to the upstream's buffer.
 func (c *conn) writeUpstream(typ byte, body []byte) error {
-	if err := writeHeader(c.uw, typ, len(body)); err != nil {
+	if err := writeHeader(c.server.w, typ, len(body)); err != nil {
 		return err
 	}
-	_, err := c.uw.Write(body)
+	_, err := c.server.w.Write(body)
 	return err
 }

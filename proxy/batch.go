@@ -33,9 +33,7 @@ func (c *conn) batchIDs(tag string, n int64) ([]int64, error) {
 			Message: fmt.Sprintf("the number of IDs of leaf_next(tag, n) must be between 1 and %d, got %d", limit, n),
 			Hint:    "Ask for at most the proxy's max-batch IDs at a time."}
 	}
-	if ls := c.loop.Load(); ls != nil && !ls.detached {
-		ls.detach() // a batch may wait for a segment load: the loop goes on without it
-	}
+	c.detach() // a batch may wait for a segment load: the loop goes on without it
 	s := &c.sess
 	ids, err := c.srv.IDs.NextBatch(c.ctx, tag, int(n), s.idsBuf[:0])
 	if cap(ids) <= keepBufferSize/8 {
@@ -54,7 +52,7 @@ func (c *conn) onBatchQuery(b *rewrite.Batch) error {
 	s.mu.Lock()
 	idle := len(s.queue) == 0 && s.cur == nil
 	s.mu.Unlock()
-	tx := c.txStatus.Load()
+	tx := c.server.txStatus.Load()
 	local := idle && c.pending.Load() == 0 && tx != 'E'
 	var ids []int64
 	var err error

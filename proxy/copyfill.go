@@ -215,7 +215,7 @@ func (c *conn) onCopyIn(ci *copyIn, typ byte, n int) error {
 		// after the ParameterStatus of any client_encoding change before the COPY: the
 		// encoding is known now, also when the COPY was pipelined behind the change.
 		ci.checked = true
-		if c.unsafeEncoding.Load() {
+		if c.server.unsafeEncoding.Load() {
 			if err := c.failCopy(ci, errUnsafeEncoding()); err != nil {
 				return err
 			}

@@ -60,7 +60,7 @@ func (c *conn) decodeRow(b []byte, d *rewrite.Decode, id int64, binaryFormat boo
 		// Microseconds since 2000-01-01 00:00:00 UTC.
 		ts = binary.BigEndian.AppendUint64(nil, uint64((millis-946684800000)*1000))
 	} else {
-		tf := c.timeFormat.Load()
+		tf := c.server.timeFormat.Load()
 		if tf == nil || !tf.iso || tf.loc == nil {
 			return b, false
 		}
@@ -136,7 +136,7 @@ func (c *conn) decodeQuery(d *rewrite.Decode) (bool, error) {
 	s.mu.Lock()
 	idle := len(s.queue) == 0 && s.cur == nil
 	s.mu.Unlock()
-	if !idle || c.pending.Load() != 0 || c.txStatus.Load() == 'E' {
+	if !idle || c.pending.Load() != 0 || c.server.txStatus.Load() == 'E' {
 		return false, nil
 	}
 	out := appendDecodeDescription(s.outBuf[:0], false)

@@ -231,10 +231,10 @@ func (c *conn) onBind(n int) error {
 	if none && s.unnamed() == nil {
 		// No statement has hidden parameters: stream the Bind, however large.
 		s.countSent()
-		if err := writeHeader(c.uw, 'B', n); err != nil {
+		if err := writeHeader(c.server.w, 'B', n); err != nil {
 			return writeError{err}
 		}
-		return c.cr.copyBody(c.uw, n)
+		return c.cr.copyBody(c.server.w, n)
 	}
 	body, err := c.cr.readBody(n)
 	if err != nil {

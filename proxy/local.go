@@ -175,7 +175,7 @@ func isLocalType(typ byte) bool {
 // a fast-path statement.
 func (c *conn) mayStartLocal(typ byte, n int) bool {
 	s := &c.sess
-	if n > maxLocalMessage || c.pending.Load() != 0 || c.txStatus.Load() != 'I' {
+	if n > maxLocalMessage || c.pending.Load() != 0 || c.server.txStatus.Load() != 'I' {
 		return false
 	}
 	switch typ {

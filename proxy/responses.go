@@ -15,17 +15,17 @@ import (
 func (c *conn) fromUpstreamRewriting(typ byte, n int) (fatal bool, err error) {
 	switch typ {
 	case 'Z':
-		body, err := c.ur.readBody(n)
+		body, err := c.server.r.readBody(n)
 		if err != nil {
 			return false, err
 		}
 		if len(body) != 1 {
 			return false, fmt.Errorf("ReadyForQuery of %d bytes", len(body))
 		}
-		c.txStatus.Store(uint32(body[0]))
+		c.server.txStatus.Store(uint32(body[0]))
 		return false, c.readyForQuery(body)
 	case 'E':
-		body, err := c.ur.readBody(n)
+		body, err := c.server.r.readBody(n)
 		if err != nil {
 			return false, err
 		}
@@ -40,20 +40,20 @@ func (c *conn) fromUpstreamRewriting(typ byte, n int) (fatal bool, err error) {
 		}
 		return isFatal(body), c.writeClient(typ, body)
 	case 't':
-		body, err := c.ur.readBody(n)
+		body, err := c.server.r.readBody(n)
 		if err != nil {
 			return false, err
 		}
 		return false, c.writeClient(typ, c.stripHidden(body))
 	case 'S': // ParameterStatus
-		body, err := c.ur.readBody(n)
+		body, err := c.server.r.readBody(n)
 		if err != nil {
 			return false, err
 		}
 		c.noteParameterStatus(body)
 		return false, c.writeClient(typ, body)
 	case 'G':
-		body, err := c.ur.readBody(n)
+		body, err := c.server.r.readBody(n)
 		if err != nil {
 			return false, err
 		}
@@ -61,14 +61,14 @@ func (c *conn) fromUpstreamRewriting(typ byte, n int) (fatal bool, err error) {
 	case '1', '2', '3', 'n', 'T', 'C', 'I', 's':
 		// The one response that ends a Parse, Bind, Close, Describe or Execute.
 		if !c.terminalResponse(typ) {
-			_, err := c.ur.br.Discard(n)
+			_, err := c.server.r.br.Discard(n)
 			return false, unexpected(err)
 		}
 	}
 	if err := writeHeader(c.cw, typ, n); err != nil {
 		return false, err
 	}
-	return false, c.ur.copyBody(c.cw, n)
+	return false, c.server.r.copyBody(c.cw, n)
 }
 
 // terminalResponse counts a response that ends one message of the oldest cycle and

@@ -59,18 +59,18 @@ func (c *conn) fromClientRewriting(typ byte, n int) error {
 	case 'S', 'F':
 		c.closeCycle()
 	}
-	if err := writeHeader(c.uw, typ, n); err != nil {
+	if err := writeHeader(c.server.w, typ, n); err != nil {
 		return writeError{err}
 	}
-	return c.cr.copyBody(c.uw, n)
+	return c.cr.copyBody(c.server.w, n)
 }
 
 // send writes one message upstream.
 func (c *conn) send(typ byte, body []byte) error {
-	if err := writeHeader(c.uw, typ, len(body)); err != nil {
+	if err := writeHeader(c.server.w, typ, len(body)); err != nil {
 		return writeError{err}
 	}
-	if _, err := c.uw.Write(body); err != nil {
+	if _, err := c.server.w.Write(body); err != nil {
 		return writeError{err}
 	}
 	return nil
@@ -139,7 +139,7 @@ func (c *conn) onQuery(n int) error {
 			return err
 		}
 	}
-	if x := plan.CopyFill; x != nil && x.Format.Kind != "binary" && c.unsafeEncoding.Load() {
+	if x := plan.CopyFill; x != nil && x.Format.Kind != "binary" && c.server.unsafeEncoding.Load() {
 		return c.refuseQuery(errUnsafeEncoding(), sql, planRefused)
 	}
 	out, drawn, err := c.literal(plan, s.outBuf[:0])
@@ -186,8 +186,8 @@ func (c *conn) plan(sql string) (*rewrite.Plan, error) {
 // leaveLoopFor detaches from an event loop before parsing a text of n bytes, when that
 // takes longer than the loop's other sessions should wait.
 func (c *conn) leaveLoopFor(n int) {
-	if ls := c.loop.Load(); ls != nil && !ls.detached && n > inlinePlanMax {
-		ls.detach()
+	if n > inlinePlanMax {
+		c.detach()
 	}
 }
 
@@ -290,7 +290,7 @@ func (c *conn) fastPath(fp *rewrite.FastPath) (bool, error) {
 	s.mu.Lock()
 	idle := len(s.queue) == 0 && s.cur == nil
 	s.mu.Unlock()
-	tx := c.txStatus.Load()
+	tx := c.server.txStatus.Load()
 	if !idle || c.pending.Load() != 0 || tx == 'E' {
 		return false, nil
 	}
@@ -336,7 +336,7 @@ func (c *conn) writeLocalLocked(msgs []byte) error {
 	if _, err := c.cw.Write(msgs); err != nil {
 		return err
 	}
-	if err := c.writeClient('Z', []byte{byte(c.txStatus.Load())}); err != nil {
+	if err := c.writeClient('Z', []byte{byte(c.server.txStatus.Load())}); err != nil {
 		return err
 	}
 	return c.cw.Flush()

@@ -34,10 +34,10 @@ func (c *conn) batchIDs(tag string, n int64) ([]int64, error) {
 			Hint:    "Ask for at most the proxy's max-batch IDs at a time."}
 	}
 	c.detach() // a batch may wait for a segment load: the loop goes on without it
-	s := &c.sess
-	ids, err := c.srv.IDs.NextBatch(c.ctx, tag, int(n), s.idsBuf[:0])
+	ss := &c.sess
+	ids, err := c.srv.IDs.NextBatch(c.ctx, tag, int(n), ss.idsBuf[:0])
 	if cap(ids) <= keepBufferSize/8 {
-		s.idsBuf = ids[:0]
+		ss.idsBuf = ids[:0]
 	}
 	if err != nil {
 		return nil, &idError{err}
@@ -48,10 +48,10 @@ func (c *conn) batchIDs(tag string, n int64) ([]int64, error) {
 // onBatchQuery answers a Query that is SELECT leaf_next('tag', n): itself when nothing is
 // outstanding and the transaction has not failed (as fastPath), else through the server.
 func (c *conn) onBatchQuery(b *rewrite.Batch) error {
-	s := &c.sess
-	s.mu.Lock()
-	idle := len(s.queue) == 0 && s.cur == nil
-	s.mu.Unlock()
+	ss := &c.sess
+	ss.mu.Lock()
+	idle := len(ss.queue) == 0 && ss.cur == nil
+	ss.mu.Unlock()
 	tx := c.server.txStatus.Load()
 	local := idle && c.pending.Load() == 0 && tx != 'E'
 	var ids []int64
@@ -76,21 +76,21 @@ func (c *conn) onBatchQuery(b *rewrite.Batch) error {
 		return c.writeLocalLocked(r.msg)
 	}
 	if local {
-		out := appendRowDescription(s.outBuf[:0], b.Column, false)
+		out := appendRowDescription(ss.outBuf[:0], b.Column, false)
 		out = appendBatchRows(out, ids, false)
 		out = appendCommandComplete(out, "SELECT "+strconv.Itoa(len(ids)))
-		s.outBuf = keepSmall(out)
+		ss.outBuf = keepSmall(out)
 		c.rewritten("fast_path")
 		c.cwMu.Lock()
 		defer c.cwMu.Unlock()
 		return c.writeLocalLocked(out)
 	}
-	out := append(b.AppendLiteral(s.outBuf[:0], ids), 0)
-	s.outBuf = keepSmall(out)
-	s.mu.Lock()
-	s.openLocked()
-	s.cur = nil
-	s.mu.Unlock()
+	out := append(b.AppendLiteral(ss.outBuf[:0], ids), 0)
+	ss.outBuf = keepSmall(out)
+	ss.mu.Lock()
+	ss.openLocked()
+	ss.cur = nil
+	ss.mu.Unlock()
 	c.pending.Add(1)
 	c.rewritten("query")
 	return c.send('Q', out)
@@ -220,13 +220,13 @@ func appendInt8Array(b []byte, ids []int64, binaryFormat bool) []byte {
 // parseBatch sends the Parse of a batch statement: SELECT unnest($k::int8[]) AS name,
 // where $k follows the client's parameters, which keep the types batchParamTypes gives.
 func (c *conn) parseBatch(name string, plan *rewrite.Plan, oids []byte, mat *localStatement) error {
-	s := &c.sess
+	ss := &c.sess
 	b := plan.Batch
 	types, _ := batchParamTypes(b, plan.MaxParam, oids)
 	if len(types)+1 > 65535 {
 		return c.refuseExtended(&rewrite.Error{Code: codeProgramLimitExceeded, Message: "too many parameters with the hidden leaf ID parameter"}, name == "")
 	}
-	out := append(s.outBuf[:0], name...)
+	out := append(ss.outBuf[:0], name...)
 	out = append(out, 0)
 	out = b.AppendParam(out, len(types)+1)
 	out = append(out, 0)
@@ -235,7 +235,7 @@ func (c *conn) parseBatch(name string, plan *rewrite.Plan, oids []byte, mat *loc
 		out = binary.BigEndian.AppendUint32(out, t)
 	}
 	out = binary.BigEndian.AppendUint32(out, oidInt8Array)
-	s.outBuf = keepSmall(out)
+	ss.outBuf = keepSmall(out)
 	return c.sendParse(name, &statement{batch: b, params: types, local: true}, plan, mat, out)
 }
 
@@ -243,7 +243,7 @@ func (c *conn) parseBatch(name string, plan *rewrite.Plan, oids []byte, mat *loc
 // as its hidden int8[] parameter: in binary when one format code says binary for all,
 // else as text (with a text code of its own when the client gave one code per parameter).
 func (c *conn) bindBatch(st *statement, name string, body []byte) error {
-	s := &c.sess
+	ss := &c.sess
 	m, _, ok := parseBind(body)
 	if !ok || (len(m.formats) > 1 && len(m.formats) != len(m.params)) {
 		return c.forwardExtended('B', body) // the server reports the malformed Bind
@@ -260,7 +260,7 @@ func (c *conn) bindBatch(st *statement, name string, body []byte) error {
 	if err != nil {
 		return c.refuseExtended(err, false)
 	}
-	out := append(s.outBuf[:0], m.head...)
+	out := append(ss.outBuf[:0], m.head...)
 	out = binary.BigEndian.AppendUint16(out, uint16(len(m.formats)+min(len(m.formats)/2, 1)))
 	for _, f := range m.formats {
 		out = binary.BigEndian.AppendUint16(out, f)
@@ -279,7 +279,7 @@ func (c *conn) bindBatch(st *statement, name string, body []byte) error {
 	}
 	out = appendInt8Array(out, ids, len(m.formats) == 1 && m.formats[0] == 1)
 	out = append(out, m.results...)
-	s.outBuf = keepSmall(out)
+	ss.outBuf = keepSmall(out)
 	return c.forwardExtended('B', out)
 }
 

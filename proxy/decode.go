@@ -132,20 +132,20 @@ func appendDecodeDescription(b []byte, binaryFormat bool) []byte {
 // outstanding, the transaction has not failed and the session's time format is known; it
 // reports false when the rewritten query must go to the server instead.
 func (c *conn) decodeQuery(d *rewrite.Decode) (bool, error) {
-	s := &c.sess
-	s.mu.Lock()
-	idle := len(s.queue) == 0 && s.cur == nil
-	s.mu.Unlock()
+	ss := &c.sess
+	ss.mu.Lock()
+	idle := len(ss.queue) == 0 && ss.cur == nil
+	ss.mu.Unlock()
 	if !idle || c.pending.Load() != 0 || c.server.txStatus.Load() == 'E' {
 		return false, nil
 	}
-	out := appendDecodeDescription(s.outBuf[:0], false)
+	out := appendDecodeDescription(ss.outBuf[:0], false)
 	out, ok := c.decodeRow(out, d, d.ID, false)
 	if !ok {
 		return false, nil
 	}
 	out = appendCommandComplete(out, "SELECT 1")
-	s.outBuf = keepSmall(out)
+	ss.outBuf = keepSmall(out)
 	c.rewritten("fast_path")
 	c.cwMu.Lock()
 	defer c.cwMu.Unlock()

@@ -23,10 +23,10 @@ func (c *conn) onParse(n int) error {
 // materializes that proxy-local statement: its ParseComplete is not relayed, since the
 // client already had one from the proxy.
 func (c *conn) handleParse(body []byte, mat *localStatement) error {
-	s := &c.sess
+	ss := &c.sess
 	name, rest, ok1 := cString(body)
 	if name == "" && mat == nil {
-		s.setUnnamed(nil) // the server's unnamed statement is replaced
+		ss.setUnnamed(nil) // the server's unnamed statement is replaced
 	}
 	query, rest, ok2 := cStringView(rest) // only planned: c.plan copies what it keeps
 	if !ok1 || !ok2 || len(rest) < 2 || len(rest) != 2+4*be16(rest) || be16(rest) < 0 {
@@ -48,12 +48,12 @@ func (c *conn) handleParse(body []byte, mat *localStatement) error {
 	if plan.Batch != nil {
 		return c.parseBatch(name, plan, oids, mat)
 	}
-	s.mu.Lock()
+	ss.mu.Lock()
 	var prepared *statement
 	if plan.Execute != nil {
-		prepared = s.statementLocked(plan.Execute.Name)
+		prepared = ss.statementLocked(plan.Execute.Name)
 	}
-	s.mu.Unlock()
+	ss.mu.Unlock()
 
 	// The hidden parameters: the plan's own slots, then, for an EXECUTE of a statement
 	// with hidden parameters, that statement's (their tags are EXECUTE's literals).
@@ -77,32 +77,32 @@ func (c *conn) handleParse(body []byte, mat *localStatement) error {
 	params := max(clientOIDs, plan.MaxParam)
 	if plan.Decode != nil && plan.Decode.Param > 0 {
 		// Remembered so that Bind can check the ID (see bindDecode).
-		out := append(s.outBuf[:0], name...)
+		out := append(ss.outBuf[:0], name...)
 		out = append(out, 0)
 		out = plan.AppendParams(out, params+1)
 		out = append(out, 0)
 		out = append(out, rest...)
-		s.outBuf = keepSmall(out)
+		ss.outBuf = keepSmall(out)
 		return c.sendParse(name, &statement{decode: plan.Decode}, plan, mat, out)
 	}
 	if len(slots) == 0 {
 		// Nothing to fill per execution, but the text may still change (a PREPARE
 		// declares the hidden parameters of the statement it creates).
-		out := append(s.outBuf[:0], name...)
+		out := append(ss.outBuf[:0], name...)
 		out = append(out, 0)
 		out = plan.AppendParams(out, params+1)
 		out = append(out, 0)
 		out = append(out, rest...)
-		s.outBuf = keepSmall(out)
-		s.mu.Lock()
-		s.applySQLEffectsLocked(s.openLocked(), plan)
-		s.mu.Unlock()
+		ss.outBuf = keepSmall(out)
+		ss.mu.Lock()
+		ss.applySQLEffectsLocked(ss.openLocked(), plan)
+		ss.mu.Unlock()
 		return c.forwardParse(out, name)
 	}
 	if params+len(slots) > 65535 {
 		return c.refuseExtended(&rewrite.Error{Code: codeProgramLimitExceeded, Message: "too many parameters with the hidden leaf ID parameters"}, name == "")
 	}
-	out := append(s.outBuf[:0], name...)
+	out := append(ss.outBuf[:0], name...)
 	out = append(out, 0)
 	if extra > 0 {
 		out = plan.AppendExecuteParams(out, params+1, extra)
@@ -129,26 +129,26 @@ func (c *conn) handleParse(body []byte, mat *localStatement) error {
 	for range slots {
 		out = binary.BigEndian.AppendUint32(out, oidInt8)
 	}
-	s.outBuf = keepSmall(out)
+	ss.outBuf = keepSmall(out)
 	return c.sendParse(name, &statement{slots: slots, fast: fastStatement(plan, params)}, plan, mat, out)
 }
 
 // sendParse records the statement a rewritten Parse creates and sends the Parse.
 func (c *conn) sendParse(name string, st *statement, plan *rewrite.Plan, mat *localStatement, out []byte) error {
-	s := &c.sess
-	s.mu.Lock()
-	cy := s.openLocked()
+	ss := &c.sess
+	ss.mu.Lock()
+	cy := ss.openLocked()
 	cy.sent++
-	s.setStatementLocked(cy, name, st, '1')
+	ss.setStatementLocked(cy, name, st, '1')
 	if mat != nil {
 		cy.swallow = append(cy.swallow, cy.sent)
-		s.localStmt = nil
-		s.unnamedGen++
+		ss.localStmt = nil
+		ss.unnamedGen++
 		u := &cy.undo[len(cy.undo)-1]
-		u.local, u.localGen = mat, s.unnamedGen
+		u.local, u.localGen = mat, ss.unnamedGen
 	}
-	s.applySQLEffectsLocked(cy, plan)
-	s.mu.Unlock()
+	ss.applySQLEffectsLocked(cy, plan)
+	ss.mu.Unlock()
 	if mat == nil {
 		c.rewritten("parse")
 	}
@@ -157,12 +157,12 @@ func (c *conn) sendParse(name string, st *statement, plan *rewrite.Plan, mat *lo
 
 // forwardParse sends a Parse unchanged; the statement it creates has no hidden parameters.
 func (c *conn) forwardParse(body []byte, name string) error {
-	s := &c.sess
-	s.mu.Lock()
-	cy := s.openLocked()
+	ss := &c.sess
+	ss.mu.Lock()
+	cy := ss.openLocked()
 	cy.sent++
-	s.setStatementLocked(cy, name, nil, '1')
-	s.mu.Unlock()
+	ss.setStatementLocked(cy, name, nil, '1')
+	ss.mu.Unlock()
 	return c.send('P', body)
 }
 
@@ -224,13 +224,13 @@ func parseBind(body []byte) (bindMessage, string, bool) {
 // (all text) → text IDs; one (applies to all) → IDs in that format; one per parameter →
 // a text code per ID and text IDs.
 func (c *conn) onBind(n int) error {
-	s := &c.sess
-	s.mu.Lock()
-	none := len(s.stmts) == 0
-	s.mu.Unlock()
-	if none && s.unnamed() == nil {
+	ss := &c.sess
+	ss.mu.Lock()
+	none := len(ss.stmts) == 0
+	ss.mu.Unlock()
+	if none && ss.unnamed() == nil {
 		// No statement has hidden parameters: stream the Bind, however large.
-		s.countSent()
+		ss.countSent()
 		if err := writeHeader(c.server.w, 'B', n); err != nil {
 			return writeError{err}
 		}
@@ -244,18 +244,18 @@ func (c *conn) onBind(n int) error {
 }
 
 func (c *conn) handleBind(body []byte) error {
-	s := &c.sess
+	ss := &c.sess
 	stmtName, ok := bindStatement(body)
-	if ok && stmtName == "" && s.unnamed() != nil {
+	if ok && stmtName == "" && ss.unnamed() != nil {
 		if err := c.materialize(); err != nil {
 			return err
 		}
 	}
 	var st *statement
 	if ok {
-		s.mu.Lock()
-		st = s.statementLocked(stmtName)
-		s.mu.Unlock()
+		ss.mu.Lock()
+		st = ss.statementLocked(stmtName)
+		ss.mu.Unlock()
 	}
 	if st == nil {
 		return c.forwardExtended('B', body)
@@ -270,7 +270,7 @@ func (c *conn) handleBind(body []byte) error {
 	if !ok || (len(m.formats) > 1 && len(m.formats) != len(m.params)) {
 		return c.forwardExtended('B', body) // the server reports the malformed Bind
 	}
-	ids := s.idsBuf[:0]
+	ids := ss.idsBuf[:0]
 	for _, slot := range st.slots {
 		id, err := c.slotID(slot, func(p int) (string, error) { return bindTag(m.params, p) })
 		if err != nil {
@@ -278,10 +278,10 @@ func (c *conn) handleBind(body []byte) error {
 		}
 		ids = append(ids, id)
 	}
-	s.idsBuf = ids
+	ss.idsBuf = ids
 
 	binaryIDs := len(m.formats) == 1 && m.formats[0] == 1
-	out := append(s.outBuf[:0], m.head...)
+	out := append(ss.outBuf[:0], m.head...)
 	switch len(m.formats) {
 	case 0, 1:
 		out = binary.BigEndian.AppendUint16(out, uint16(len(m.formats)))
@@ -318,7 +318,7 @@ func (c *conn) handleBind(body []byte) error {
 		out = append(out, d...)
 	}
 	out = append(out, m.results...)
-	s.outBuf = keepSmall(out)
+	ss.outBuf = keepSmall(out)
 	return c.forwardExtended('B', out)
 }
 

@@ -75,10 +75,10 @@ func (c *conn) fromUpstreamRewriting(typ byte, n int) (fatal bool, err error) {
 // reports whether it goes to the client: the ParseComplete of a materialized local
 // statement does not, since the client already had the proxy's.
 func (c *conn) terminalResponse(typ byte) bool {
-	s := &c.sess
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	cy := s.headLocked()
+	ss := &c.sess
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	cy := ss.headLocked()
 	if cy == nil {
 		return true
 	}
@@ -96,16 +96,16 @@ func (c *conn) terminalResponse(typ byte) bool {
 // stripHidden removes the hidden parameters of the described statement from a
 // ParameterDescription, so the client sees the parameters it wrote.
 func (c *conn) stripHidden(body []byte) []byte {
-	s := &c.sess
-	s.mu.Lock()
+	ss := &c.sess
+	ss.mu.Lock()
 	hidden := 0
-	if cy := s.headLocked(); cy != nil {
+	if cy := ss.headLocked(); cy != nil {
 		if cy.paramDescs < len(cy.describes) {
 			hidden = cy.describes[cy.paramDescs]
 		}
 		cy.paramDescs++
 	}
-	s.mu.Unlock()
+	ss.mu.Unlock()
 	if hidden == 0 || len(body) < 2 {
 		return body
 	}
@@ -120,20 +120,20 @@ func (c *conn) stripHidden(body []byte) []byte {
 // readyForQuery ends the oldest cycle: the statement map settles and ReadyForQuery goes
 // out.
 func (c *conn) readyForQuery(body []byte) error {
-	s := &c.sess
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	ss := &c.sess
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
 	c.pending.Add(-1)
-	if len(s.queue) > 0 {
-		cy := s.popLocked()
-		if s.cur == cy {
-			s.cur = nil // a server-initiated end of an open cycle (should not happen)
+	if len(ss.queue) > 0 {
+		cy := ss.popLocked()
+		if ss.cur == cy {
+			ss.cur = nil // a server-initiated end of an open cycle (should not happen)
 		}
-		if s.copyIn != nil && s.copyIn.cy == cy {
-			s.copyIn = nil // the COPY failed before the client finished, or never started
+		if ss.copyIn != nil && ss.copyIn.cy == cy {
+			ss.copyIn = nil // the COPY failed before the client finished, or never started
 		}
-		s.settleLocked(cy)
-		s.recycleLocked(cy)
+		ss.settleLocked(cy)
+		ss.recycleLocked(cy)
 	}
 	return c.writeClient('Z', body)
 }

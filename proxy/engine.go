@@ -3,6 +3,7 @@ package proxy
 import (
 	"io"
 	"net"
+	"sync"
 	"time"
 )
 
@@ -147,3 +148,28 @@ func (c *conn) relay() {
 	<-done
 	c.log.Debug("session ended")
 }
+
+// sessionLock is a mutex of a session's own state (conn.cwMu, sessionState.mu) that costs
+// nothing while one goroutine at a time serves the session, as an event loop does: it
+// locks only while a goroutine pair serves it. single changes only while no handler of
+// the session runs (when a loop adopts the session, before its first handler there, and
+// when the loop hands the session off, before the goroutines start), and only the
+// session's handlers use these methods; another goroutine (Shutdown, say) locks mu itself.
+type sessionLock struct {
+	mu     sync.Mutex
+	single bool
+}
+
+func (l *sessionLock) Lock() {
+	if !l.single {
+		l.mu.Lock()
+	}
+}
+
+func (l *sessionLock) Unlock() {
+	if !l.single {
+		l.mu.Unlock()
+	}
+}
+
+func (l *sessionLock) TryLock() bool { return l.single || l.mu.TryLock() }

@@ -59,6 +59,7 @@ func hotPathConn(tb testing.TB, client, upstream []byte) *conn {
 	c.server = &serverConn{r: msgReader{br: bufio.NewReaderSize(&cyclicReader{data: upstream}, readBufferSize), maxBody: defaultMaxBodySize}}
 	c.cw = bufio.NewWriterSize(io.Discard, writeBufferSize)
 	c.server.w = bufio.NewWriterSize(io.Discard, writeBufferSize)
+	c.singleGoroutine(true) // as an event loop serves it, the engine of the shipped binary
 	return c
 }
 

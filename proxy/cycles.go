@@ -1,10 +1,6 @@
 package proxy
 
-import (
-	"sync"
-
-	"github.com/leafproxy/leafproxy/rewrite"
-)
+import "github.com/leafproxy/leafproxy/rewrite"
 
 // statement is what the proxy remembers about a prepared statement (protocol-level Parse
 // or SQL PREPARE; PostgreSQL keeps both in one namespace) that has hidden parameters:
@@ -102,31 +98,6 @@ type sessionState struct {
 	local      *localCycle
 	localSpare *localCycle // reused by every local cycle
 }
-
-// sessionLock is a mutex of a session's own state (conn.cwMu, sessionState.mu) that costs
-// nothing while one goroutine at a time serves the session, as an event loop does: it
-// locks only while a goroutine pair serves it. single changes only while no handler of
-// the session runs (when a loop adopts the session, before its first handler there, and
-// when the loop hands the session off, before the goroutines start), and only the
-// session's handlers use these methods; another goroutine (Shutdown, say) locks mu itself.
-type sessionLock struct {
-	mu     sync.Mutex
-	single bool
-}
-
-func (l *sessionLock) Lock() {
-	if !l.single {
-		l.mu.Lock()
-	}
-}
-
-func (l *sessionLock) Unlock() {
-	if !l.single {
-		l.mu.Unlock()
-	}
-}
-
-func (l *sessionLock) TryLock() bool { return l.single || l.mu.TryLock() }
 
 // unnamed returns the proxy-local unnamed statement, or nil.
 func (ss *sessionState) unnamed() *localStatement {

@@ -6,13 +6,13 @@ package proxy
 
 type loopGroup struct{}
 
+// loopSession is never made here: conn.loop stays nil, and engine() returns the pair.
 type loopSession struct{}
 
 func (s *Server) adopt(*conn) bool { return false }
 
 func (*loopGroup) running() int { return 0 }
 
-// loopSession is never used: it implements engine for conn.loop, always nil here.
 func (*loopSession) whenQuiet(func() bool) {}
 func (*loopSession) drainClient()          {}
 func (*loopSession) detach()               {}

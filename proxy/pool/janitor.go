@@ -26,7 +26,7 @@ func (p *Pool[C]) maintainLocked() {
 			case kp.pastLifetime(s, now):
 				kp.lifetimeCloses++
 				p.closeLocked(s)
-			case kp.lim.ServerIdleTimeout > 0 && now.Sub(s.lastUsed) > kp.lim.ServerIdleTimeout && kp.total > kp.lim.MinPoolSize:
+			case kp.lim.ServerIdleTimeout > 0 && now.Sub(s.lastUsed) > kp.lim.ServerIdleTimeout && kp.kept() > kp.lim.MinPoolSize:
 				kp.idleCloses++
 				p.closeLocked(s)
 			default:
@@ -46,7 +46,7 @@ func (p *Pool[C]) maintainLocked() {
 // pool-size.
 func (p *Pool[C]) trimLocked(kp *keyPool[C]) {
 	n := 0
-	for n < len(kp.idle) && kp.total > kp.lim.PoolSize {
+	for n < len(kp.idle) && kp.kept() > kp.lim.PoolSize {
 		p.closeLocked(kp.idle[n])
 		n++
 	}

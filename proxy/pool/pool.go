@@ -79,8 +79,9 @@ type Pool[C any] struct {
 
 // database groups the pools of one database for MaxDBConnections.
 type database[C any] struct {
-	total int // connections open or opening, over its keys
-	pools []*keyPool[C]
+	total   int // connections open, opening or closing, over its keys
+	closing int
+	pools   []*keyPool[C]
 }
 
 // keyPool is the pool of one key.
@@ -90,8 +91,9 @@ type keyPool[C any] struct {
 	lim     Limits
 	idle    []*Server[C] // oldest first; lent from the end
 	waiters waitQueue[C]
-	total   int // open or opening
+	total   int // open, opening or closing
 	opening int
+	closing int
 	lent    int
 	reset   int // given back with NeedsReset, being reset
 
@@ -298,7 +300,7 @@ func (p *Pool[C]) reset(s *Server[C]) {
 func (p *Pool[C]) putLocked(s *Server[C]) {
 	kp := s.kp
 	now := p.clock.Now()
-	if p.closed || kp.total > kp.lim.PoolSize || kp.pastLifetime(s, now) {
+	if p.closed || kp.kept() > kp.lim.PoolSize || kp.pastLifetime(s, now) {
 		p.closeLocked(s)
 		return
 	}
@@ -312,6 +314,9 @@ func (p *Pool[C]) putLocked(s *Server[C]) {
 	kp.idle = append(kp.idle, s)
 }
 
+// kept counts the connections of a key that are not being closed.
+func (kp *keyPool[C]) kept() int { return kp.total - kp.closing }
+
 func (kp *keyPool[C]) pastLifetime(s *Server[C], now time.Time) bool {
 	return kp.lim.ServerLifetime > 0 && now.Sub(s.born) >= kp.lim.ServerLifetime
 }
@@ -323,16 +328,25 @@ func (p *Pool[C]) lendLocked(s *Server[C]) {
 	p.busy++
 }
 
-// closeLocked forgets a connection that is not lent, and closes it in the background.
+// closeLocked takes a connection that is not lent out of service and closes it in the
+// background. It keeps counting against pool-size and max-db-connections until Close
+// returns, so that the server never sees more connections than the limits allow.
 func (p *Pool[C]) closeLocked(s *Server[C]) {
 	kp := s.kp
-	kp.total--
-	kp.db.total--
+	kp.closing++
+	kp.db.closing++
 	kp.closes++
 	p.closing.Add(1)
 	go func() {
 		defer p.closing.Done()
 		p.conn.Close(s.conn)
+		p.mu.Lock()
+		kp.closing--
+		kp.db.closing--
+		kp.total--
+		kp.db.total--
+		p.serveLocked(kp.db)
+		p.mu.Unlock()
 	}()
 	p.checkDrainedLocked()
 }
@@ -371,14 +385,16 @@ func (p *Pool[C]) serveLocked(db *database[C]) {
 	}
 }
 
-// roomLocked reports whether kp's database may open one more connection; with evict it
-// makes room by closing the longest-idle connection of another key of the database.
+// roomLocked reports whether kp's database may open one more connection. With evict,
+// a database at its limit makes room by closing the longest-idle connection of another
+// of its keys, unless a close is already under way; the waiter is served when the close
+// finishes.
 func (p *Pool[C]) roomLocked(kp *keyPool[C], evict bool) bool {
 	max := p.set.MaxDBConnections
 	if max == 0 || kp.db.total < max {
 		return true
 	}
-	if !evict {
+	if !evict || kp.db.closing > 0 {
 		return false
 	}
 	var victim *keyPool[C]
@@ -390,14 +406,15 @@ func (p *Pool[C]) roomLocked(kp *keyPool[C], evict bool) bool {
 			victim = other
 		}
 	}
-	if victim == nil {
-		return false
+	if victim != nil {
+		s := victim.idle[0]
+		n := copy(victim.idle, victim.idle[1:])
+		victim.idle[n] = nil
+		victim.idle = victim.idle[:n]
+		victim.evictions++
+		p.closeLocked(s)
 	}
-	s := victim.idle[0]
-	victim.idle = append(victim.idle[:0], victim.idle[1:]...)
-	victim.evictions++
-	p.closeLocked(s)
-	return true
+	return false
 }
 
 // dialLocked counts a new connection of kp and dials it in the background.
@@ -438,9 +455,12 @@ func (p *Pool[C]) dial(kp *keyPool[C], timeout time.Duration) {
 // dials back: the server is down or refuses us, and queueing clients until
 // QueryWaitTimeout would only hide that.
 func (p *Pool[C]) loginFailedLocked(kp *keyPool[C], err error, now time.Time) {
-	if kp.backoff == 0 {
+	switch {
+	case now.Before(kp.retryAt):
+		// A dial started before the last failure: same outage, same pause.
+	case kp.backoff == 0:
 		kp.backoff = firstLoginRetry
-	} else {
+	default:
 		kp.backoff *= 2
 	}
 	if kp.backoff > p.set.ServerLoginRetry {

@@ -180,21 +180,18 @@ func (p *Pool[C]) acquire(ctx context.Context, key Key) (s *Server[C], fromIdle 
 	}
 	kp := p.keyPoolLocked(key)
 	kp.acquires++
-	now := p.clock.Now()
-	if kp.waiters.n == 0 {
-		for len(kp.idle) > 0 {
-			s := kp.idle[len(kp.idle)-1]
-			kp.idle[len(kp.idle)-1] = nil
-			kp.idle = kp.idle[:len(kp.idle)-1]
-			if kp.pastLifetime(s, now) {
-				p.closeLocked(s)
-				continue
-			}
-			p.lendLocked(s)
-			p.mu.Unlock()
-			return s, true, nil
-		}
+	// The most recently used idle connection goes first, so that the others age out.
+	// Its lifetime is not checked here: it was checked when it came back, and the
+	// janitor closes idle ones that pass it since.
+	if kp.waiters.n == 0 && len(kp.idle) > 0 {
+		s := kp.idle[len(kp.idle)-1]
+		kp.idle[len(kp.idle)-1] = nil
+		kp.idle = kp.idle[:len(kp.idle)-1]
+		p.lendLocked(s)
+		p.mu.Unlock()
+		return s, true, nil
 	}
+	now := p.clock.Now()
 	// Nothing to lend: wait, unless the server is known to be down and there is no
 	// connection that could come back to us.
 	if now.Before(kp.retryAt) && kp.total == 0 {
@@ -367,11 +364,17 @@ func (p *Pool[C]) serveLocked(db *database[C]) {
 	if p.closed {
 		return
 	}
-	now := p.clock.Now()
+	var now time.Time // read only when a key needs a dial: the clock is not free
 	for {
 		var best *keyPool[C]
 		for _, kp := range db.pools {
-			if kp.waiters.n <= kp.opening+kp.reset || kp.total >= kp.lim.PoolSize || now.Before(kp.retryAt) {
+			if kp.waiters.n <= kp.opening+kp.reset || kp.total >= kp.lim.PoolSize {
+				continue
+			}
+			if now.IsZero() {
+				now = p.clock.Now()
+			}
+			if now.Before(kp.retryAt) {
 				continue
 			}
 			if best == nil || kp.waiters.head.since.Before(best.waiters.head.since) {

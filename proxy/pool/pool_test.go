@@ -119,7 +119,7 @@ func TestServerLifetimeClosesOnlyWhenGivenBack(t *testing.T) {
 }
 
 func TestIdleTimeoutKeepsMinPoolSize(t *testing.T) {
-	f := newFixture(t, Settings{Limits: Limits{PoolSize: 5, MinPoolSize: 2, ServerIdleTimeout: 10 * time.Minute}})
+	f := newFixture(t, Settings{Limits: Limits{PoolSize: 5, MinPoolSize: 2, ServerIdleTimeout: 10 * time.Minute, ServerLifetime: -1}})
 	var held []*Server[*memConn]
 	for range 4 {
 		held = append(held, mustAcquire(t, f.p, keyA))

@@ -3,10 +3,13 @@ package pool
 import (
 	"context"
 	"errors"
+	"io"
 	"slices"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sirupsen/logrus"
 )
 
 // fakeClock is a clock that moves only when the test advances it. Timers that fall due
@@ -285,6 +288,9 @@ type fixture struct {
 func newFixture(t testing.TB, s Settings) fixture {
 	t.Helper()
 	f := fixture{clock: newFakeClock(), conn: newMemConnector()}
+	if s.Log == nil {
+		s.Log = quietLog()
+	}
 	p, err := newPool[*memConn](f.conn, s, f.clock)
 	if err != nil {
 		t.Fatal(err)
@@ -303,4 +309,11 @@ func mustAcquire(t testing.TB, p *Pool[*memConn], k Key) *Server[*memConn] {
 		t.Fatalf("Acquire(%v): %v", k, err)
 	}
 	return s
+}
+
+// quietLog is a logger for tests whose pools log expected failures.
+func quietLog() logrus.FieldLogger {
+	l := logrus.New()
+	l.SetOutput(io.Discard)
+	return l
 }

@@ -299,6 +299,8 @@ func TestDialFailureFailsWaitersAtOnceAndBacksOff(t *testing.T) {
 			t.Fatalf("waiter %d: SQLSTATE of %v, want 08001", i, r.err)
 		}
 	}
+	// Dials started before the first failure are still finishing.
+	waitFor(t, "dials in flight", func() bool { return statsOf(f.p, keyA).ServersLogin == 0 })
 	dials := f.conn.dialCount()
 	if dials < 1 || dials > 3 {
 		t.Fatalf("dials = %d, want 1..3 (pool-size)", dials)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -215,4 +216,52 @@ func borrowOnce(ctx context.Context, p *Pool[*pgconn.PgConn], key Key, mark stri
 		s.Release(Clean)
 	}
 	return nil
+}
+
+// TestDownServerFailsBorrowersQuickly dials a port nobody listens on: the waiters learn
+// of it from the failed dial, with 08001, not after query-wait-timeout.
+func TestDownServerFailsBorrowersQuickly(t *testing.T) {
+	port, err := testenv.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	connector := &pgConnector{
+		url:     fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port),
+		appName: "leafpool_down",
+	}
+	p, err := New[*pgconn.PgConn](connector, Settings{
+		Limits: Limits{PoolSize: 2, QueryWaitTimeout: 5 * time.Minute},
+		Log:    quietLog(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan error, 10)
+	for range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := p.Acquire(context.Background(), Key{Database: "postgres", User: "postgres"})
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		var pe *Error
+		if !errors.As(err, &pe) || !errors.Is(err, ErrServerDown) || pe.SQLState() != CodeServerDown {
+			t.Fatalf("Acquire against a down server: %v, want ErrServerDown with 08001", err)
+		}
+	}
+	if d := time.Since(start); d > time.Minute {
+		t.Fatalf("borrowers learnt the server was down after %v", d)
+	}
+	if st := p.Snapshot()[0]; st.DialErrors == 0 || st.DialErrors > 5 {
+		// Two dials at first (pool-size); borrowers that come after the first failure
+		// fail without dialling during the 250 ms pause.
+		t.Errorf("dial errors = %d for 10 borrowers over pool-size 2", st.DialErrors)
+	}
 }

@@ -48,8 +48,10 @@
 //
 // Every janitor interval the pool closes idle connections past server-lifetime, and
 // past server-idle-timeout while the key keeps min-pool-size, and dials what a key lacks
-// of min-pool-size (keys exist from their first Acquire). Timers run on a clock that
-// unit tests replace.
+// of min-pool-size. A key's pool exists from its first Acquire; the janitor forgets it
+// once it holds no connection, no borrower and no recent dial failure, so that a Pool
+// serving many users does not keep them all (its figures leave the Snapshot then).
+// Timers run on a clock that unit tests replace.
 //
 // # Files
 //

@@ -1,6 +1,9 @@
 package pool
 
-import "context"
+import (
+	"context"
+	"slices"
+)
 
 // tick runs the janitor and arms the next run.
 func (p *Pool[C]) tick() {
@@ -36,17 +39,40 @@ func (p *Pool[C]) maintainLocked() {
 		clear(kp.idle[len(keep):])
 		kp.idle = keep
 		p.trimLocked(kp)
+		if kp.unused() {
+			p.forgetLocked(kp)
+			continue
+		}
 		for kp.total < kp.lim.MinPoolSize && !now.Before(kp.retryAt) && p.roomLocked(kp, false) {
 			p.dialLocked(kp)
 		}
 	}
 }
 
+// unused reports whether a key's pool holds nothing worth keeping: no connection, no
+// borrower, nothing to keep open, and no dial failure whose pause it must remember.
+func (kp *keyPool[C]) unused() bool {
+	return kp.total == 0 && kp.lent == 0 && kp.reset == 0 && kp.waiters.n == 0 &&
+		kp.lim.MinPoolSize == 0 && kp.lastErr == nil
+}
+
+// forgetLocked drops the pool of an unused key, so that a Pool that has seen many
+// users does not keep them all; its figures leave the Snapshot with it. Acquire creates
+// it again when needed.
+func (p *Pool[C]) forgetLocked(kp *keyPool[C]) {
+	delete(p.keys, kp.key)
+	db := kp.db
+	db.pools = slices.DeleteFunc(db.pools, func(o *keyPool[C]) bool { return o == kp })
+	if len(db.pools) == 0 {
+		delete(p.dbs, kp.key.Database)
+	}
+}
+
 // trimLocked closes the oldest idle connections of a key that has more than its
-// pool-size.
+// pool-size, or whose database has more than max-db-connections.
 func (p *Pool[C]) trimLocked(kp *keyPool[C]) {
 	n := 0
-	for n < len(kp.idle) && kp.kept() > kp.lim.PoolSize {
+	for n < len(kp.idle) && (kp.kept() > kp.lim.PoolSize || kp.db.overLimit()) {
 		p.closeLocked(kp.idle[n])
 		n++
 	}
@@ -68,6 +94,9 @@ func (p *Pool[C]) Reload(s Settings) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.set = s
+	for name, db := range p.dbs {
+		db.max = s.maxFor(name)
+	}
 	for _, kp := range p.keys {
 		kp.lim = s.limitsFor(kp.key)
 		p.trimLocked(kp)

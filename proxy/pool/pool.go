@@ -79,6 +79,8 @@ type Pool[C any] struct {
 
 // database groups the pools of one database for MaxDBConnections.
 type database[C any] struct {
+	name    string
+	max     int // max-db-connections, 0 for none
 	total   int // connections open, opening or closing, over its keys
 	closing int
 	pools   []*keyPool[C]
@@ -256,6 +258,12 @@ func (s *Server[C]) Release(st State) {
 		p.busy--
 		p.closeLocked(s)
 	case NeedsReset:
+		if p.closed {
+			// It will be closed anyway: no point resetting it.
+			p.busy--
+			p.closeLocked(s)
+			break
+		}
 		kp.reset++
 		p.mu.Unlock()
 		go p.reset(s)
@@ -297,7 +305,7 @@ func (p *Pool[C]) reset(s *Server[C]) {
 func (p *Pool[C]) putLocked(s *Server[C]) {
 	kp := s.kp
 	now := p.clock.Now()
-	if p.closed || kp.kept() > kp.lim.PoolSize || kp.pastLifetime(s, now) {
+	if p.closed || kp.kept() > kp.lim.PoolSize || kp.db.overLimit() || kp.pastLifetime(s, now) {
 		p.closeLocked(s)
 		return
 	}
@@ -309,6 +317,12 @@ func (p *Pool[C]) putLocked(s *Server[C]) {
 	}
 	s.lastUsed = now
 	kp.idle = append(kp.idle, s)
+}
+
+// overLimit reports whether the database has more connections than max-db-connections
+// allows (after a Reload lowered it), not counting those being closed.
+func (db *database[C]) overLimit() bool {
+	return db.max > 0 && db.total-db.closing > db.max
 }
 
 // kept counts the connections of a key that are not being closed.
@@ -393,7 +407,7 @@ func (p *Pool[C]) serveLocked(db *database[C]) {
 // of its keys, unless a close is already under way; the waiter is served when the close
 // finishes.
 func (p *Pool[C]) roomLocked(kp *keyPool[C], evict bool) bool {
-	max := p.set.MaxDBConnections
+	max := kp.db.max
 	if max == 0 || kp.db.total < max {
 		return true
 	}
@@ -484,7 +498,7 @@ func (p *Pool[C]) keyPoolLocked(key Key) *keyPool[C] {
 	}
 	db := p.dbs[key.Database]
 	if db == nil {
-		db = &database[C]{}
+		db = &database[C]{name: key.Database, max: p.set.maxFor(key.Database)}
 		p.dbs[key.Database] = db
 	}
 	kp := &keyPool[C]{key: key, db: db, lim: p.set.limitsFor(key)}

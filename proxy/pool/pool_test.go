@@ -559,3 +559,57 @@ func TestStatsCountBorrowers(t *testing.T) {
 		t.Fatalf("stats = %+v", st)
 	}
 }
+
+func TestJanitorForgetsUnusedKeys(t *testing.T) {
+	f := newFixture(t, Settings{Limits: Limits{ServerIdleTimeout: time.Minute}})
+	for i := range 3 {
+		mustAcquire(t, f.p, Key{Database: "app", User: fmt.Sprint("user", i)}).Release(Clean)
+	}
+	if n := len(f.p.Snapshot()); n != 3 {
+		t.Fatalf("%d keys, want 3", n)
+	}
+	// Idle past the timeout, their connections close; the next rounds forget the keys.
+	waitFor(t, "unused keys forgotten", func() bool {
+		f.clock.Advance(30 * time.Second)
+		return len(f.p.Snapshot()) == 0
+	})
+	// A forgotten key comes back on demand.
+	mustAcquire(t, f.p, Key{Database: "app", User: "user0"}).Release(Clean)
+	if st := f.p.Snapshot(); len(st) != 1 || st[0].Acquires != 1 {
+		t.Fatalf("snapshot = %+v", st)
+	}
+}
+
+func TestPerDatabaseMaxAndReloadLoweringIt(t *testing.T) {
+	f := newFixture(t, Settings{Limits: Limits{PoolSize: 10}, MaxDBConnections: 3,
+		PerDatabase: func(db string) int {
+			if db == "small" {
+				return 1
+			}
+			return 0
+		}})
+	small := Key{Database: "small", User: "alice"}
+	s := mustAcquire(t, f.p, small)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := f.p.Acquire(ctx, Key{Database: "small", User: "bob"}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("second connection to a database of max 1: %v", err)
+	}
+	s.Release(Clean)
+	var held []*Server[*memConn]
+	for range 3 {
+		held = append(held, mustAcquire(t, f.p, keyA))
+	}
+	if err := f.p.Reload(Settings{Limits: Limits{PoolSize: 10}, MaxDBConnections: 1}); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range held {
+		if h.Conn().isClosed() {
+			t.Fatal("Reload closed a connection in use")
+		}
+	}
+	for _, h := range held {
+		h.Release(Clean)
+	}
+	waitFor(t, "database down to its new max", func() bool { return f.conn.openCount("app") == 1 })
+}

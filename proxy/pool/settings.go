@@ -59,6 +59,9 @@ type Settings struct {
 	// database is at the limit closes the longest-idle connection of another user of
 	// that database, if there is one, and waits otherwise.
 	MaxDBConnections int
+	// PerDatabase, when set, returns the max-db-connections of one database; 0 takes
+	// MaxDBConnections. It is called like PerKey.
+	PerDatabase func(database string) int
 	// ServerConnectTimeout bounds one Dial.
 	ServerConnectTimeout time.Duration
 	// ServerResetTimeout bounds one Reset; a connection whose reset fails or times out
@@ -136,4 +139,13 @@ func (s *Settings) limitsFor(k Key) Limits {
 		l.MinPoolSize = l.PoolSize
 	}
 	return l
+}
+
+func (s *Settings) maxFor(database string) int {
+	if s.PerDatabase != nil {
+		if n := s.PerDatabase(database); n > 0 {
+			return n
+		}
+	}
+	return s.MaxDBConnections
 }

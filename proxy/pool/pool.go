@@ -154,7 +154,9 @@ func newPool[C any](conn Connector[C], s Settings, clk clock) (*Pool[C], error) 
 // Acquire lends a server connection of key, waiting in FIFO order behind earlier
 // callers when none is free. It fails with ctx's error when ctx ends first, with
 // ErrWaitTimeout after QueryWaitTimeout, with ErrServerDown when the key's server cannot
-// be dialled and with ErrClosed once the Pool shuts down.
+// be dialled and with ErrClosed once the Pool shuts down. A connection handed over at
+// the moment ctx ends is returned rather than dropped; the caller, who checks its
+// context anyway, gives it back.
 func (p *Pool[C]) Acquire(ctx context.Context, key Key) (*Server[C], error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -216,6 +218,7 @@ func (p *Pool[C]) acquire(ctx context.Context, key Key) (s *Server[C], fromIdle 
 		p.mu.Lock()
 		if !w.done {
 			kp.waiters.remove(w)
+			kp.waitTime += p.clock.Now().Sub(w.since)
 			w.finish(nil, ctx.Err())
 		}
 		p.mu.Unlock()
@@ -455,6 +458,11 @@ func (p *Pool[C]) dial(kp *keyPool[C], timeout time.Duration) {
 	if err != nil {
 		kp.total--
 		kp.db.total--
+		if p.closed {
+			// Cancelled by Close, or failed with nobody left to tell.
+			p.checkDrainedLocked()
+			return
+		}
 		kp.dialErrors++
 		p.loginFailedLocked(kp, err, now)
 		p.serveLocked(kp.db)

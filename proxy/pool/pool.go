@@ -338,7 +338,6 @@ func (kp *keyPool[C]) pastLifetime(s *Server[C], now time.Time) bool {
 func (p *Pool[C]) lendLocked(s *Server[C]) {
 	s.lent = true
 	s.kp.lent++
-	s.kp.lends++
 	p.busy++
 }
 

@@ -37,8 +37,8 @@ type Limits struct {
 	// below MinPoolSize.
 	ServerIdleTimeout time.Duration
 	// ServerLifetime closes a connection older than this when it is next idle: when it
-	// is given back, when the janitor finds it idle, or when it would be lent. A
-	// connection in use is never interrupted.
+	// is given back, or when the janitor finds it idle. A connection in use is never
+	// interrupted.
 	ServerLifetime time.Duration
 	// QueryWaitTimeout fails an Acquire that has waited this long for a connection,
 	// with ErrWaitTimeout (SQLSTATE 57014).

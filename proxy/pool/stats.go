@@ -13,7 +13,6 @@ import (
 // the two the borrower reports, which are atomic so that counting costs no lock.
 type counters struct {
 	acquires       uint64
-	lends          uint64
 	waitTime       time.Duration
 	waitTimeouts   uint64
 	dials          uint64

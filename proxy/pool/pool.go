@@ -1,0 +1,519 @@
+package pool
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+)
+
+// Key names the pool a server connection belongs to: the database and the user it
+// logged in as. Connections of one key are interchangeable once reset.
+type Key struct {
+	Database string
+	User     string
+}
+
+// Connector opens, resets and closes the server connections of type C. The session code
+// supplies it; the pool never reads or writes a connection itself.
+type Connector[C any] interface {
+	// Dial opens and logs in a new server connection for key. ctx carries
+	// ServerConnectTimeout and is cancelled when the Pool closes.
+	Dial(ctx context.Context, key Key) (C, error)
+	// Reset returns a connection to a blank session (DISCARD ALL, as PgBouncer's
+	// server_reset_query). An error closes the connection.
+	Reset(ctx context.Context, c C) error
+	// Close closes a connection; it is called once per connection, from a goroutine of
+	// its own, and may block.
+	Close(c C)
+}
+
+// Checker is an optional interface of a Connector: Check is called on an idle connection
+// just before it is lent, outside the pool's lock, and a non-nil error closes the
+// connection and lends another. It should be cheap (a non-blocking look at the socket
+// for a server that went away while the connection was idle).
+type Checker[C any] interface {
+	Check(c C) error
+}
+
+// State says how a borrower gives a server connection back.
+type State int
+
+const (
+	// Clean: the connection is idle (ReadyForQuery with status I) and holds no state the
+	// next borrower could see; it is lent again as it is.
+	Clean State = iota
+	// NeedsReset: the connection is idle but carries session state (session mode); the
+	// pool runs Connector.Reset before lending it again.
+	NeedsReset
+	// Broken: the connection is in an unknown state (lost mid-transaction, protocol
+	// error, a client gone mid-transaction that could not be rolled back); the pool
+	// closes it and never lends it again.
+	Broken
+)
+
+// Pool lends server connections of type C, one pool of them per Key. It is safe for
+// concurrent use.
+type Pool[C any] struct {
+	conn  Connector[C]
+	check func(C) error
+	clock clock
+
+	// ctx bounds dials and resets; cancelled by Close.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// closing counts the goroutines that close connections, so that Close can wait for
+	// them.
+	closing sync.WaitGroup
+
+	mu      sync.Mutex
+	set     Settings
+	keys    map[Key]*keyPool[C]
+	dbs     map[string]*database[C]
+	closed  bool
+	busy    int           // connections lent, being reset or being dialled, over all keys
+	drained chan struct{} // closed when closed and busy drops to 0
+	janitor timer
+}
+
+// database groups the pools of one database for MaxDBConnections.
+type database[C any] struct {
+	name    string
+	max     int // max-db-connections, 0 for none
+	total   int // connections open, opening or closing, over its keys
+	closing int
+	pools   []*keyPool[C]
+}
+
+// keyPool is the pool of one key.
+type keyPool[C any] struct {
+	key     Key
+	db      *database[C]
+	lim     Limits
+	idle    []*Server[C] // oldest first; lent from the end
+	waiters waitQueue[C]
+	total   int // open, opening or closing
+	opening int
+	closing int
+	lent    int
+	reset   int // given back with NeedsReset, being reset
+
+	retryAt time.Time     // no dial before this after a failure
+	backoff time.Duration // the pause set at the last failure
+	lastErr error
+
+	counters
+}
+
+// Server is one server connection lent to a borrower. The borrower uses Conn until it
+// calls Release, once.
+type Server[C any] struct {
+	conn     C
+	pool     *Pool[C]
+	kp       *keyPool[C]
+	born     time.Time
+	lastUsed time.Time
+	lent     bool
+}
+
+// Conn returns the connection.
+func (s *Server[C]) Conn() C { return s.conn }
+
+// Key returns the key of the pool the connection belongs to.
+func (s *Server[C]) Key() Key { return s.kp.key }
+
+// New returns a Pool that dials with conn and starts its janitor.
+func New[C any](conn Connector[C], s Settings) (*Pool[C], error) {
+	return newPool(conn, s, realClock{})
+}
+
+func newPool[C any](conn Connector[C], s Settings, clk clock) (*Pool[C], error) {
+	s, err := s.validate()
+	if err != nil {
+		return nil, err
+	}
+	p := &Pool[C]{
+		conn:    conn,
+		clock:   clk,
+		set:     s,
+		keys:    make(map[Key]*keyPool[C]),
+		dbs:     make(map[string]*database[C]),
+		drained: make(chan struct{}),
+	}
+	if c, ok := conn.(Checker[C]); ok {
+		p.check = c.Check
+	}
+	p.ctx, p.cancel = context.WithCancel(context.Background())
+	p.mu.Lock()
+	p.janitor = p.clock.AfterFunc(s.JanitorInterval, p.tick)
+	p.mu.Unlock()
+	return p, nil
+}
+
+// Acquire lends a server connection of key, waiting in FIFO order behind earlier
+// callers when none is free. It fails with ctx's error when ctx ends first, with
+// ErrWaitTimeout after QueryWaitTimeout, with ErrServerDown when the key's server cannot
+// be dialled and with ErrClosed once the Pool shuts down. A connection handed over at
+// the moment ctx ends is returned rather than dropped; the caller, who checks its
+// context anyway, gives it back.
+func (p *Pool[C]) Acquire(ctx context.Context, key Key) (*Server[C], error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	for {
+		s, fromIdle, err := p.acquire(ctx, key)
+		if err != nil || p.check == nil || !fromIdle {
+			return s, err
+		}
+		// A connection that sat idle may have been closed by the server meanwhile.
+		if p.check(s.conn) == nil {
+			return s, nil
+		}
+		s.Release(Broken)
+	}
+}
+
+// acquire lends a connection; fromIdle says it was taken from the idle list (rather than
+// handed over by a borrower or just dialled), so that it is worth a Check.
+func (p *Pool[C]) acquire(ctx context.Context, key Key) (s *Server[C], fromIdle bool, err error) {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil, false, closedError(key)
+	}
+	kp := p.keyPoolLocked(key)
+	kp.acquires++
+	// The most recently used idle connection goes first, so that the others age out.
+	// Its lifetime is not checked here: it was checked when it came back, and the
+	// janitor closes idle ones that pass it since.
+	if kp.waiters.n == 0 && len(kp.idle) > 0 {
+		s := kp.idle[len(kp.idle)-1]
+		kp.idle[len(kp.idle)-1] = nil
+		kp.idle = kp.idle[:len(kp.idle)-1]
+		p.lendLocked(s)
+		p.mu.Unlock()
+		return s, true, nil
+	}
+	now := p.clock.Now()
+	// Nothing to lend: wait, unless the server is known to be down and there is no
+	// connection that could come back to us.
+	if now.Before(kp.retryAt) && kp.total == 0 {
+		err := serverDownError(key, kp.lastErr)
+		p.mu.Unlock()
+		return nil, false, err
+	}
+	w := &waiter[C]{ready: make(chan struct{}, 1), since: now}
+	kp.waiters.push(w)
+	p.serveLocked(kp.db)
+	var t timer
+	if d := kp.lim.QueryWaitTimeout; d > 0 {
+		t = p.clock.AfterFunc(d, func() { p.expire(kp, w, d) })
+	}
+	p.mu.Unlock()
+
+	select {
+	case <-w.ready:
+	case <-ctx.Done():
+		p.mu.Lock()
+		if !w.done {
+			kp.waiters.remove(w)
+			kp.waitTime += p.clock.Now().Sub(w.since)
+			w.finish(nil, ctx.Err())
+		}
+		p.mu.Unlock()
+		<-w.ready
+	}
+	if t != nil {
+		t.Stop()
+	}
+	// A connection granted at the same moment the context ended is kept: the caller
+	// checks its context anyway, and gives it back.
+	return w.srv, false, w.err
+}
+
+// expire ends a wait that reached QueryWaitTimeout.
+func (p *Pool[C]) expire(kp *keyPool[C], w *waiter[C], d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if w.done {
+		return
+	}
+	kp.waiters.remove(w)
+	kp.waitTimeouts++
+	kp.waitTime += p.clock.Now().Sub(w.since)
+	w.finish(nil, waitTimeoutError(kp.key, d))
+}
+
+// Release gives the connection back, in the state the borrower leaves it. It must be
+// called exactly once per Acquire; the connection must not be used afterwards.
+func (s *Server[C]) Release(st State) {
+	p, kp := s.pool, s.kp
+	p.mu.Lock()
+	if !s.lent {
+		p.mu.Unlock()
+		panic("pool: server connection given back twice")
+	}
+	s.lent = false
+	kp.lent--
+	switch st {
+	case Broken:
+		p.busy--
+		p.closeLocked(s)
+	case NeedsReset:
+		if p.closed {
+			// It will be closed anyway: no point resetting it.
+			p.busy--
+			p.closeLocked(s)
+			break
+		}
+		kp.reset++
+		p.mu.Unlock()
+		go p.reset(s)
+		return
+	default:
+		p.busy--
+		p.putLocked(s)
+	}
+	p.serveLocked(kp.db)
+	p.mu.Unlock()
+}
+
+// reset runs Connector.Reset on a connection given back with NeedsReset, then lends it
+// again or closes it.
+func (p *Pool[C]) reset(s *Server[C]) {
+	p.mu.Lock()
+	d := p.set.ServerResetTimeout
+	p.mu.Unlock()
+	ctx, cancel := context.WithTimeout(p.ctx, d)
+	err := p.conn.Reset(ctx, s.conn)
+	cancel()
+	p.mu.Lock()
+	s.kp.reset--
+	p.busy--
+	if err != nil {
+		s.kp.resetErrors++
+		p.closeLocked(s)
+		p.set.Log.WithFields(keyFields(s.kp.key)).WithError(err).Warn("server connection reset failed; closed")
+	} else {
+		p.putLocked(s)
+	}
+	p.serveLocked(s.kp.db)
+	p.mu.Unlock()
+}
+
+// putLocked takes back a healthy connection that is not lent: it goes to the longest
+// waiter, or to the idle list, or is closed when the key has more connections than it
+// may have, when it is past its lifetime, or when the Pool is closed.
+func (p *Pool[C]) putLocked(s *Server[C]) {
+	kp := s.kp
+	now := p.clock.Now()
+	if p.closed || kp.kept() > kp.lim.PoolSize || kp.db.overLimit() || kp.pastLifetime(s, now) {
+		p.closeLocked(s)
+		return
+	}
+	if w := kp.waiters.pop(); w != nil {
+		p.lendLocked(s)
+		kp.waitTime += now.Sub(w.since)
+		w.finish(s, nil)
+		return
+	}
+	s.lastUsed = now
+	kp.idle = append(kp.idle, s)
+}
+
+// overLimit reports whether the database has more connections than max-db-connections
+// allows (after a Reload lowered it), not counting those being closed.
+func (db *database[C]) overLimit() bool {
+	return db.max > 0 && db.total-db.closing > db.max
+}
+
+// kept counts the connections of a key that are not being closed.
+func (kp *keyPool[C]) kept() int { return kp.total - kp.closing }
+
+func (kp *keyPool[C]) pastLifetime(s *Server[C], now time.Time) bool {
+	return kp.lim.ServerLifetime > 0 && now.Sub(s.born) >= kp.lim.ServerLifetime
+}
+
+func (p *Pool[C]) lendLocked(s *Server[C]) {
+	s.lent = true
+	s.kp.lent++
+	p.busy++
+}
+
+// closeLocked takes a connection that is not lent out of service and closes it in the
+// background. It keeps counting against pool-size and max-db-connections until Close
+// returns, so that the server never sees more connections than the limits allow.
+func (p *Pool[C]) closeLocked(s *Server[C]) {
+	kp := s.kp
+	kp.closing++
+	kp.db.closing++
+	kp.closes++
+	p.closing.Add(1)
+	go func() {
+		defer p.closing.Done()
+		p.conn.Close(s.conn)
+		p.mu.Lock()
+		kp.closing--
+		kp.db.closing--
+		kp.total--
+		kp.db.total--
+		p.serveLocked(kp.db)
+		p.mu.Unlock()
+	}()
+	p.checkDrainedLocked()
+}
+
+func (p *Pool[C]) checkDrainedLocked() {
+	if p.closed && p.busy == 0 {
+		select {
+		case <-p.drained:
+		default:
+			close(p.drained)
+		}
+	}
+}
+
+// serveLocked starts the dials the waiters of a database need, oldest waiter first
+// across its keys, within PoolSize and MaxDBConnections.
+func (p *Pool[C]) serveLocked(db *database[C]) {
+	if p.closed {
+		return
+	}
+	var now time.Time // read only when a key needs a dial: the clock is not free
+	for {
+		var best *keyPool[C]
+		for _, kp := range db.pools {
+			if kp.waiters.n <= kp.opening+kp.reset || kp.total >= kp.lim.PoolSize {
+				continue
+			}
+			if now.IsZero() {
+				now = p.clock.Now()
+			}
+			if now.Before(kp.retryAt) {
+				continue
+			}
+			if best == nil || kp.waiters.head.since.Before(best.waiters.head.since) {
+				best = kp
+			}
+		}
+		if best == nil || !p.roomLocked(best, true) {
+			return
+		}
+		p.dialLocked(best)
+	}
+}
+
+// roomLocked reports whether kp's database may open one more connection. With evict,
+// a database at its limit makes room by closing the longest-idle connection of another
+// of its keys, unless a close is already under way; the waiter is served when the close
+// finishes.
+func (p *Pool[C]) roomLocked(kp *keyPool[C], evict bool) bool {
+	max := kp.db.max
+	if max == 0 || kp.db.total < max {
+		return true
+	}
+	if !evict || kp.db.closing > 0 {
+		return false
+	}
+	var victim *keyPool[C]
+	for _, other := range kp.db.pools {
+		if other == kp || len(other.idle) == 0 {
+			continue
+		}
+		if victim == nil || other.idle[0].lastUsed.Before(victim.idle[0].lastUsed) {
+			victim = other
+		}
+	}
+	if victim != nil {
+		s := victim.idle[0]
+		n := copy(victim.idle, victim.idle[1:])
+		victim.idle[n] = nil
+		victim.idle = victim.idle[:n]
+		victim.evictions++
+		p.closeLocked(s)
+	}
+	return false
+}
+
+// dialLocked counts a new connection of kp and dials it in the background.
+func (p *Pool[C]) dialLocked(kp *keyPool[C]) {
+	kp.total++
+	kp.db.total++
+	kp.opening++
+	p.busy++
+	go p.dial(kp, p.set.ServerConnectTimeout)
+}
+
+func (p *Pool[C]) dial(kp *keyPool[C], timeout time.Duration) {
+	ctx, cancel := context.WithTimeout(p.ctx, timeout)
+	c, err := p.conn.Dial(ctx, kp.key)
+	cancel()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	kp.opening--
+	p.busy--
+	now := p.clock.Now()
+	if err != nil {
+		kp.total--
+		kp.db.total--
+		if p.closed {
+			// Cancelled by Close, or failed with nobody left to tell.
+			p.checkDrainedLocked()
+			return
+		}
+		kp.dialErrors++
+		p.loginFailedLocked(kp, err, now)
+		p.serveLocked(kp.db)
+		p.checkDrainedLocked()
+		return
+	}
+	kp.dials++
+	kp.backoff, kp.retryAt, kp.lastErr = 0, time.Time{}, nil
+	p.putLocked(&Server[C]{conn: c, pool: p, kp: kp, born: now})
+	p.serveLocked(kp.db)
+	p.checkDrainedLocked()
+}
+
+// loginFailedLocked fails every waiter of kp with the dial's error and holds further
+// dials back: the server is down or refuses us, and queueing clients until
+// QueryWaitTimeout would only hide that.
+func (p *Pool[C]) loginFailedLocked(kp *keyPool[C], err error, now time.Time) {
+	switch {
+	case now.Before(kp.retryAt):
+		// A dial started before the last failure: same outage, same pause.
+	case kp.backoff == 0:
+		kp.backoff = firstLoginRetry
+	default:
+		kp.backoff *= 2
+	}
+	if kp.backoff > p.set.ServerLoginRetry {
+		kp.backoff = p.set.ServerLoginRetry
+	}
+	kp.retryAt = now.Add(kp.backoff)
+	kp.lastErr = err
+	p.set.Log.WithFields(keyFields(kp.key)).WithError(err).WithField("retry_in", kp.backoff).Warn("server connection failed")
+	for w := kp.waiters.pop(); w != nil; w = kp.waiters.pop() {
+		kp.waitTime += now.Sub(w.since)
+		w.finish(nil, serverDownError(kp.key, err))
+	}
+}
+
+func (p *Pool[C]) keyPoolLocked(key Key) *keyPool[C] {
+	if kp := p.keys[key]; kp != nil {
+		return kp
+	}
+	db := p.dbs[key.Database]
+	if db == nil {
+		db = &database[C]{name: key.Database, max: p.set.maxFor(key.Database)}
+		p.dbs[key.Database] = db
+	}
+	kp := &keyPool[C]{key: key, db: db, lim: p.set.limitsFor(key)}
+	db.pools = append(db.pools, kp)
+	p.keys[key] = kp
+	return kp
+}
+
+func keyFields(k Key) logrus.Fields {
+	return logrus.Fields{"database": k.Database, "user": k.User}
+}

@@ -62,7 +62,10 @@ func (s *Server) forwardCancel(ctx context.Context, packet []byte) {
 		s.logger().Debug("cancel request with an unknown key ignored")
 		return
 	}
-	if c.pending.Load() != 0 || !c.waitingForID() {
+	if v := c.pooled(); v != nil {
+		packet = v.cancelPacket() // the server connection the session holds now, if any
+	}
+	if packet != nil && (c.pending.Load() != 0 || !c.waitingForID()) {
 		s.cancelUpstream(ctx, packet)
 	}
 	if c.cancelIDWait() {

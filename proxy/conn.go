@@ -90,6 +90,10 @@ func (c *conn) serve() {
 	if !c.holdSession() {
 		return
 	}
+	if s.transactionPooling() {
+		c.servePooled(packet)
+		return
+	}
 	if err := c.connectUpstream(packet); err != nil {
 		// The client learns which address failed and how (the dial or TLS error names
 		// addresses only, never credentials), so that a wrong upstream is found from the

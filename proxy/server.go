@@ -13,6 +13,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/leafproxy/leafproxy/proxy/pool"
 	"github.com/leafproxy/leafproxy/rewrite"
 )
 
@@ -89,6 +90,12 @@ type Server struct {
 	// transactions a second.
 	EventLoops int
 
+	// PoolMode is PoolSession (the default: a server connection per session) or
+	// PoolTransaction (a server connection of a pool per transaction; see txsession.go).
+	PoolMode PoolMode
+	// Pooling configures the pools of server connections in transaction mode.
+	Pooling pool.Settings
+
 	// Logger receives connection-level events (never per-query ones at Info or above);
 	// nil means logrus's standard logger.
 	Logger logrus.FieldLogger
@@ -115,6 +122,7 @@ type Server struct {
 	nextID     atomic.Uint64
 	cancels    cancelRegistry
 	loops      loopGroup
+	pooling    pooling
 }
 
 func (s *Server) logger() logrus.FieldLogger {
@@ -277,11 +285,13 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	defer timer.Stop()
 	for {
 		if s.closeIdleConns() {
+			s.closePool()
 			return nil
 		}
 		select {
 		case <-ctx.Done():
 			s.closeAllConns()
+			s.closePool()
 			return ctx.Err()
 		case <-timer.C:
 			wait = min(2*wait, 100*time.Millisecond)
@@ -314,6 +324,7 @@ func (s *Server) Close() error {
 	s.closeListeners()
 	s.mu.Unlock()
 	s.closeAllConns()
+	s.closePool()
 	return nil
 }
 

@@ -1,0 +1,282 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/leafproxy/leafproxy/proxy/pool"
+)
+
+// PoolMode says how sessions get server connections.
+type PoolMode string
+
+const (
+	// PoolSession gives every session a server connection of its own, for as long as
+	// the session lasts (the default).
+	PoolSession PoolMode = "session"
+	// PoolTransaction lends a session a server connection of a pool for one transaction
+	// (or one statement outside a transaction) at a time; see txsession.go.
+	PoolTransaction PoolMode = "transaction"
+)
+
+// ParsePoolMode parses the pool-mode setting; empty means PoolSession.
+func ParsePoolMode(s string) (PoolMode, error) {
+	switch PoolMode(s) {
+	case "", PoolSession:
+		return PoolSession, nil
+	case PoolTransaction:
+		return PoolTransaction, nil
+	}
+	return "", fmt.Errorf("unknown pool mode %q (want session or transaction)", s)
+}
+
+// pooling is the server's pool of server connections in transaction mode, created at
+// the first session that needs it.
+type pooling struct {
+	once sync.Once
+	pool *pool.Pool[*physConn]
+	err  error
+}
+
+// transactionPooling reports whether sessions run in transaction mode.
+func (s *Server) transactionPooling() bool { return s.PoolMode == PoolTransaction }
+
+// serverPool returns the pool of server connections, creating it on first use.
+func (s *Server) serverPool() (*pool.Pool[*physConn], error) {
+	s.pooling.once.Do(func() {
+		settings := s.Pooling
+		if settings.Log == nil {
+			settings.Log = s.logger()
+		}
+		if settings.ServerConnectTimeout == 0 {
+			settings.ServerConnectTimeout = s.dialTimeout() + s.startupTimeout()
+		}
+		s.pooling.pool, s.pooling.err = pool.New[*physConn](physConnector{s}, settings)
+	})
+	return s.pooling.pool, s.pooling.err
+}
+
+// PoolStats returns the figures of every pool of server connections (transaction mode);
+// nil before the first pooled session.
+func (s *Server) PoolStats() []pool.Stats {
+	s.pooling.once.Do(func() {}) // no pool is created for a snapshot
+	if s.pooling.pool == nil {
+		return nil
+	}
+	return s.pooling.pool.Snapshot()
+}
+
+// closePool closes the pool of server connections, if there is one.
+func (s *Server) closePool() {
+	s.pooling.once.Do(func() {})
+	if s.pooling.pool != nil {
+		s.pooling.pool.Close()
+	}
+}
+
+// physConn is a server connection of the pool: logged in as the key's user, idle between
+// borrowers, and what the proxy knows of the session state on it.
+type physConn struct {
+	nc  net.Conn
+	br  *bufio.Reader
+	key [8]byte // BackendKeyData: process ID and secret
+
+	// login holds the ParameterStatus values reported at login, by name as the server
+	// spells it; they are what a new client is told at its startup.
+	login []paramValue
+	// params holds the values of the settings the proxy tracks as they are now on this
+	// connection, by lower-case name: those the server reports, and those the proxy set.
+	params map[string]string
+	// reported holds the lower-case names the server reports with ParameterStatus.
+	reported map[string]bool
+	// prepared holds the server-side names of the statements prepared on this connection
+	// by the proxy (see pstmtName).
+	prepared map[string]bool
+	// unnamed is the client statement the unnamed statement of this connection was last
+	// parsed from, nil when unknown.
+	unnamed *clientStmt
+}
+
+type paramValue struct{ name, value string }
+
+// physConnector dials, resets and closes the pool's server connections for a Server.
+type physConnector struct{ s *Server }
+
+// errUpstreamAuth reports an upstream that wants a password for a pooled login.
+var errUpstreamAuth = errors.New("the upstream asks for a password")
+
+func (pc physConnector) Dial(ctx context.Context, key pool.Key) (*physConn, error) {
+	nc, err := pc.s.dialUpstream(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if d, ok := ctx.Deadline(); ok {
+		_ = nc.SetDeadline(d)
+	}
+	p := &physConn{
+		nc:       nc,
+		br:       bufio.NewReaderSize(nc, readBufferSize),
+		params:   make(map[string]string),
+		reported: make(map[string]bool),
+		prepared: make(map[string]bool),
+	}
+	if err := p.logIn(key); err != nil {
+		nc.Close()
+		return nil, err
+	}
+	_ = nc.SetDeadline(noDeadline)
+	return p, nil
+}
+
+// login sends the startup packet of key and reads the server's startup messages up to
+// ReadyForQuery. Only a trust login is possible: the proxy holds no password.
+func (p *physConn) logIn(key pool.Key) error {
+	msg := &pgproto3.StartupMessage{
+		ProtocolVersion: pgproto3.ProtocolVersionNumber,
+		Parameters:      map[string]string{"user": key.User, "database": key.Database},
+	}
+	packet, err := msg.Encode(nil)
+	if err != nil {
+		return err
+	}
+	if _, err := p.nc.Write(packet); err != nil {
+		return err
+	}
+	for {
+		typ, body, err := p.readMessage()
+		if err != nil {
+			return err
+		}
+		switch typ {
+		case 'R':
+			if len(body) < 4 {
+				return fmt.Errorf("authentication message of %d bytes", len(body))
+			}
+			if code := binary.BigEndian.Uint32(body); code != pgproto3.AuthTypeOk {
+				return fmt.Errorf("%w (authentication request %d) for user %q: transaction pooling logs in without one, so the upstream must trust the proxy for this user",
+					errUpstreamAuth, code, key.User)
+			}
+		case 'S':
+			name, value, ok := splitParameterStatus(body)
+			if ok {
+				p.login = append(p.login, paramValue{name, value})
+				p.params[strings.ToLower(name)] = value
+				p.reported[strings.ToLower(name)] = true
+			}
+		case 'K':
+			if len(body) >= 8 {
+				copy(p.key[:], body)
+			}
+		case 'E':
+			return upstreamLoginError(body)
+		case 'Z':
+			return nil
+		}
+	}
+}
+
+// upstreamLoginError is the error of a refused pooled login, with the server's SQLSTATE.
+func upstreamLoginError(body []byte) error {
+	return &pool.Error{Kind: pool.ErrServerDown, Code: string(errorField(body, 'C')),
+		Cause: errors.New(string(errorField(body, 'M')))}
+}
+
+// readMessage reads one whole message of the server.
+func (p *physConn) readMessage() (byte, []byte, error) {
+	var h [5]byte
+	if _, err := io.ReadFull(p.br, h[:]); err != nil {
+		return 0, nil, err
+	}
+	n := int(binary.BigEndian.Uint32(h[1:])) - 4
+	if n < 0 || n > defaultMaxBodySize {
+		return 0, nil, fmt.Errorf("invalid message length %d", n)
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(p.br, body); err != nil {
+		return 0, nil, err
+	}
+	return h[0], body, nil
+}
+
+// Reset runs DISCARD ALL and forgets what the proxy knew of the session on the
+// connection.
+func (pc physConnector) Reset(ctx context.Context, p *physConn) error {
+	if d, ok := ctx.Deadline(); ok {
+		_ = p.nc.SetDeadline(d)
+		defer p.nc.SetDeadline(noDeadline)
+	}
+	if _, err := p.nc.Write(appendQuery(nil, "DISCARD ALL")); err != nil {
+		return err
+	}
+	for name := range p.params {
+		if !p.reported[name] {
+			delete(p.params, name)
+		}
+	}
+	clear(p.prepared)
+	p.unnamed = nil
+	for {
+		typ, body, err := p.readMessage()
+		if err != nil {
+			return err
+		}
+		switch typ {
+		case 'S':
+			if name, value, ok := splitParameterStatus(body); ok {
+				p.params[strings.ToLower(name)] = value
+			}
+		case 'E':
+			return fmt.Errorf("DISCARD ALL failed: %s", errorField(body, 'M'))
+		case 'Z':
+			return nil
+		}
+	}
+}
+
+func (physConnector) Close(p *physConn) {
+	_ = p.nc.SetWriteDeadline(time.Now().Add(time.Second))
+	_, _ = p.nc.Write([]byte{'X', 0, 0, 0, 4})
+	p.nc.Close()
+}
+
+// splitParameterStatus returns the name and value of a ParameterStatus body.
+func splitParameterStatus(body []byte) (name, value string, ok bool) {
+	i := indexZero(body)
+	if i < 0 {
+		return "", "", false
+	}
+	j := indexZero(body[i+1:])
+	if j < 0 {
+		return "", "", false
+	}
+	return string(body[:i]), string(body[i+1 : i+1+j]), true
+}
+
+func indexZero(b []byte) int {
+	for i, c := range b {
+		if c == 0 {
+			return i
+		}
+	}
+	return -1
+}
+
+// appendQuery appends a Query message of sql.
+func appendQuery(b []byte, sql string) []byte {
+	b = append(b, 'Q', 0, 0, 0, 0)
+	start := len(b) - 4
+	b = append(b, sql...)
+	b = append(b, 0)
+	binary.BigEndian.PutUint32(b[start:], uint32(len(b)-start))
+	return b
+}

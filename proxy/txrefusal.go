@@ -1,0 +1,72 @@
+package proxy
+
+import (
+	"strings"
+
+	pg_query "github.com/pganalyze/pg_query_go/v6"
+)
+
+// What a session cannot carry from one server connection to the next is refused in
+// transaction mode, before it reaches the database: the statement's text is replaced by
+// the stand-in of refusal.go, whose error the client sees as 0A000 with a hint naming
+// session mode, so that a transaction block fails where it would have.
+//
+// Refused: LISTEN, SQL-level PREPARE, DECLARE … WITH HOLD, CREATE TEMP (tables, views,
+// sequences, CREATE TABLE AS and SELECT INTO), and the session-level advisory lock
+// functions (pg_advisory_lock, pg_advisory_lock_shared, pg_try_advisory_lock,
+// pg_try_advisory_lock_shared; the _xact_ ones are fine). A lock function is found by
+// its name in the text, so a string literal that names one is refused too; one called
+// from a server-side function is not found.
+
+// cursorOptHold is PostgreSQL's CURSOR_OPT_HOLD.
+const cursorOptHold = 0x0020
+
+// refusalHint names the way out.
+const refusalHint = "Use a database or user whose pool-mode is session for this."
+
+// refusedInTransactionMode returns the ErrorResponse that refuses sql, nil when sql can
+// run in transaction mode.
+func refusedInTransactionMode(sql string) []byte {
+	lower := strings.ToLower(sql)
+	if strings.Contains(lower, "pg_advisory_lock") || strings.Contains(lower, "pg_try_advisory_lock") {
+		return refusedMessage("session-level advisory locks")
+	}
+	if !strings.Contains(lower, "listen") && !strings.Contains(lower, "prepare") &&
+		!strings.Contains(lower, "hold") && !strings.Contains(lower, "temp") {
+		return nil
+	}
+	tree, err := pg_query.Parse(sql)
+	if err != nil {
+		return nil // the server reports the syntax error
+	}
+	for _, raw := range tree.GetStmts() {
+		if what := refusedStatement(raw.GetStmt()); what != "" {
+			return refusedMessage(what)
+		}
+	}
+	return nil
+}
+
+// refusedStatement names what stmt needs that transaction mode cannot give, or "".
+func refusedStatement(stmt *pg_query.Node) string {
+	temp := func(rv *pg_query.RangeVar) bool { return rv.GetRelpersistence() == "t" }
+	switch {
+	case stmt.GetListenStmt() != nil:
+		return "LISTEN"
+	case stmt.GetPrepareStmt() != nil:
+		return "SQL-level PREPARE"
+	case stmt.GetDeclareCursorStmt() != nil && stmt.GetDeclareCursorStmt().GetOptions()&cursorOptHold != 0:
+		return "cursors WITH HOLD"
+	case stmt.GetCreateStmt() != nil && temp(stmt.GetCreateStmt().GetRelation()),
+		stmt.GetCreateTableAsStmt() != nil && temp(stmt.GetCreateTableAsStmt().GetInto().GetRel()),
+		stmt.GetViewStmt() != nil && temp(stmt.GetViewStmt().GetView()),
+		stmt.GetCreateSeqStmt() != nil && temp(stmt.GetCreateSeqStmt().GetSequence()),
+		stmt.GetSelectStmt() != nil && temp(stmt.GetSelectStmt().GetIntoClause().GetRel()):
+		return "temporary tables"
+	}
+	return ""
+}
+
+func refusedMessage(what string) []byte {
+	return errorMessage(codeFeatureNotSupported, what+" cannot be used in transaction pool mode", refusalHint)
+}

@@ -1,0 +1,954 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/leafproxy/leafproxy/proxy/pool"
+)
+
+// This file is transaction mode: a session borrows a server connection of the pool
+// (physConn) at the first message of a transaction, or of a statement outside one, and
+// gives it back at the ReadyForQuery with status I that leaves nothing outstanding.
+//
+// The session's code does not know: its server connection (serverConn) is built over a
+// pooledConn, a net.Conn that stands for "whichever server connection serves this
+// session now". What the session writes to it goes to the borrowed connection, with the
+// client's statement names mapped to the proxy's own; what it reads is what that
+// connection answers, less the answers to what the proxy sent on its own behalf. So
+// everything above (rewriting, hidden parameters, the fast path, refusals, COPY) works
+// as in session mode.
+//
+// What a pooledConn does in between:
+//   - Statements: a named statement the client parses belongs to the client. It is
+//     prepared at the server under a name of the proxy's, derived from its text and
+//     parameter types (pstmtName), on each server connection that runs it, once: a Bind
+//     or Describe of a statement that connection lacks is preceded by its Parse, whose
+//     ParseComplete the client never sees. The unnamed statement is carried the same
+//     way from one cycle to the next. A client's Close of a named statement is answered
+//     through a Close of a portal that does not exist, which the server acknowledges in
+//     order, so that the statement stays prepared for whoever else uses it.
+//   - Settings: the client's values of the settings the server reports (ParameterStatus)
+//     and of those it SET itself are applied, with set_config, on each server connection
+//     it borrows where they differ; what a client SET is read back from pg_settings when
+//     its transaction has ended (see captureSQL), so that search_path and the other
+//     settings the server does not report follow the client too.
+//   - Refusals: what cannot follow a client from one server connection to the next
+//     (session advisory locks, LISTEN, temporary tables, cursors WITH HOLD, SQL-level
+//     PREPARE) is refused with 0A000 (see txrefusal.go).
+//   - Failures: a wait for a connection that times out, or a server that cannot be
+//     reached, fails the cycle with the pool's SQLSTATE (57014, 08001) and the session
+//     goes on; a connection lost while borrowed ends this session only (08006), and the
+//     connection is closed; a session that ends while it holds a connection in a
+//     transaction gives it back broken (closed, never lent again).
+
+// settable tells which reported settings a client may SET, and the proxy carries.
+var notCarried = map[string]bool{
+	"server_version": true, "server_encoding": true, "is_superuser": true,
+	"session_authorization": true, "integer_datetimes": true, "in_hot_standby": true,
+	"default_transaction_read_only": true, "scram_iterations": true,
+}
+
+// captureSQL reads back the settings a client changed with SET (or RESET) once its
+// transaction has ended: those with source "session" are exactly what SET, set_config and
+// the proxy's own set_config left on the connection.
+const captureSQL = "SELECT name, pg_catalog.current_setting(name) FROM pg_catalog.pg_settings WHERE source = 'session'"
+
+// clientStmt is a statement the client parsed: the body of its Parse after the name
+// (query, parameter types) and the name it has at the server.
+type clientStmt struct {
+	rest  []byte
+	sname string
+}
+
+// pstmtName is the server-side name of a statement: a digest of its text and parameter
+// types, so that clients preparing the same statement share it on a server connection.
+func pstmtName(rest []byte) string {
+	sum := sha256.Sum256(rest)
+	return "leafproxy_" + hex.EncodeToString(sum[:12])
+}
+
+// pending answers the proxy expects from the server, in order (see pooledConn.queue).
+type expect struct {
+	kind byte // 'P' Parse, 'p' injected Parse, 'C' Close, 'c' injected Close, 'S' Sync, 'Q' Query or FunctionCall, 'q' injected Query
+	// name is the server-side statement of a Parse ("" for the unnamed one).
+	name string
+	// refusal replaces the server's error for a refused statement's stand-in.
+	refusal []byte
+	// capture: the injected query is captureSQL.
+	capture bool
+}
+
+// pooledConn is the server side of a session in transaction mode; see the top of the
+// file. Write is called by whoever flushes the session's server writer, Read by the
+// goroutine that relays the server's messages; both may block, neither holds mu then.
+type pooledConn struct {
+	c   *conn
+	key pool.Key
+
+	mu       sync.Mutex
+	cond     sync.Cond
+	srv      *pool.Server[*physConn] // the borrowed connection; nil when none
+	pc       *physConn
+	readerOn bool // Read may read from pc
+	reading  bool // Read is reading from pc right now
+	writers  int  // Writes in progress
+	release  bool // give pc back once writers is 0
+	closed   bool
+	queries  int // cycles of the borrower, for the pool's figures
+
+	// Protocol state of the borrowed connection.
+	queue       []expect
+	outstanding int  // ReadyForQuery messages the server still owes
+	unsynced    bool // extended-protocol messages sent since the last Sync
+	txStatus    byte
+	needCapture bool // a SET ran: read the settings back when idle
+	// captureNames collects the settings captureSQL returned so far.
+	captureNames []string
+
+	// Client state, kept across borrowed connections.
+	stmts   map[string]*clientStmt
+	unnamed *clientStmt
+	params  map[string]string // lower-case name → the client's value
+
+	// Write side: a partial message, and the error that fails the cycle being discarded.
+	wbuf       []byte
+	discarding []byte // ErrorResponse to answer at the Sync; nil when not discarding
+
+	// Read side: bytes ready for the caller, answers of the proxy's own, and the rest of
+	// a large message streamed from pc.
+	rout    []byte
+	synth   []byte
+	rstream int
+}
+
+func newPooledConn(c *conn, key pool.Key) *pooledConn {
+	v := &pooledConn{c: c, key: key, txStatus: 'I', stmts: make(map[string]*clientStmt), params: make(map[string]string)}
+	v.cond.L = &v.mu
+	return v
+}
+
+// acquire borrows a server connection for the session.
+func (v *pooledConn) acquire() (*pool.Server[*physConn], error) {
+	p, err := v.c.srv.serverPool()
+	if err != nil {
+		return nil, err
+	}
+	return p.Acquire(v.c.ctx, v.key)
+}
+
+// take makes srv the session's connection and applies the client's settings to it.
+func (v *pooledConn) take(srv *pool.Server[*physConn]) []byte {
+	v.srv, v.pc = srv, srv.Conn()
+	v.readerOn, v.release, v.queries = true, false, 0
+	v.cond.Broadcast()
+	return v.applySettings(nil)
+}
+
+// giveBack returns the borrowed connection to the pool.
+func (v *pooledConn) giveBack(st pool.State) {
+	if v.srv == nil {
+		return
+	}
+	if st == pool.Clean {
+		v.srv.CountTransaction(v.queries)
+	}
+	v.srv.Release(st)
+	v.srv, v.pc = nil, nil
+	v.readerOn, v.release, v.reading = false, false, false
+	v.queue = v.queue[:0]
+	v.outstanding, v.unsynced, v.rstream = 0, false, 0
+	v.cond.Broadcast()
+}
+
+// idle reports whether the borrowed connection owes nothing and is outside a transaction.
+func (v *pooledConn) idle() bool {
+	return v.outstanding == 0 && !v.unsynced && v.txStatus == 'I' && len(v.queue) == 0
+}
+
+// applySettings returns the Query that gives pc the client's settings, or nothing when
+// they are already there.
+func (v *pooledConn) applySettings(out []byte) []byte {
+	pc := v.pc
+	var sets, resets []string
+	for name, want := range v.params {
+		if have, ok := pc.params[name]; !ok || have != want {
+			sets = append(sets, "pg_catalog.set_config("+quoteLiteral(name)+", "+quoteLiteral(want)+", false)")
+			pc.params[name] = want
+		}
+	}
+	for name := range pc.params {
+		if _, ok := v.params[name]; !ok && !pc.reported[name] {
+			resets = append(resets, "RESET "+quoteIdent(name))
+			delete(pc.params, name)
+		}
+	}
+	if len(sets) == 0 && len(resets) == 0 {
+		return out
+	}
+	var sql strings.Builder
+	if len(sets) > 0 {
+		sql.WriteString("SELECT " + strings.Join(sets, ", ") + ";")
+	}
+	for _, r := range resets {
+		sql.WriteString(r + ";")
+	}
+	v.queue = append(v.queue, expect{kind: 'q'})
+	v.outstanding++
+	return appendQuery(out, sql.String())
+}
+
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+
+// Write takes the session's messages for the server: whole messages are handled as they
+// complete (see clientMessage) and what the server must get is written to pc.
+func (v *pooledConn) Write(p []byte) (int, error) {
+	v.mu.Lock()
+	if v.closed {
+		v.mu.Unlock()
+		return 0, net.ErrClosed
+	}
+	v.writers++
+	v.mu.Unlock()
+	defer v.endWrite()
+
+	v.wbuf = append(v.wbuf, p...)
+	var out []byte
+	var pc *physConn
+	done := 0
+	for len(v.wbuf)-done >= 5 {
+		n := int(binary.BigEndian.Uint32(v.wbuf[done+1:])) + 1
+		if n < 5 || len(v.wbuf)-done < n {
+			break
+		}
+		var err error
+		out, pc, err = v.clientMessage(out, pc, v.wbuf[done:done+n])
+		if err != nil {
+			return 0, err
+		}
+		done += n
+	}
+	v.wbuf = v.wbuf[:copy(v.wbuf, v.wbuf[done:])]
+	if len(v.wbuf) == 0 && cap(v.wbuf) > keepBufferSize {
+		v.wbuf = nil
+	}
+	if len(out) > 0 {
+		if _, err := pc.nc.Write(out); err != nil {
+			return 0, err
+		}
+	}
+	return len(p), nil
+}
+
+func (v *pooledConn) endWrite() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.writers--
+	if v.writers == 0 && v.release && v.srv != nil {
+		v.giveBack(pool.Clean)
+	}
+}
+
+// clientMessage handles one whole message of the session, appending what pc must get to
+// out. Messages for one Write all go to one connection: one is borrowed only when none
+// is held, and none is given back while a Write is in progress.
+func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte, *physConn, error) {
+	typ, body := msg[0], msg[5:]
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if typ == 'X' {
+		return out, pc, nil // a pooled connection outlives its borrowers
+	}
+	if v.discarding != nil {
+		if typ == 'S' {
+			v.synth = append(v.synth, v.discarding...)
+			v.synth = append(v.synth, 'Z', 0, 0, 0, 5, 'I')
+			v.discarding = nil
+			v.cond.Broadcast()
+		}
+		return out, pc, nil
+	}
+	if v.pc == nil {
+		switch typ {
+		case 'S': // an empty cycle: nothing to ask a server
+			v.synth = append(v.synth, 'Z', 0, 0, 0, 5, 'I')
+			v.cond.Broadcast()
+			return out, pc, nil
+		case 'H', 'd', 'c', 'f':
+			return out, pc, nil
+		}
+		v.mu.Unlock()
+		srv, err := v.acquire()
+		v.mu.Lock()
+		if v.closed {
+			if srv != nil {
+				srv.Release(pool.Clean)
+			}
+			return out, pc, net.ErrClosed
+		}
+		if err != nil {
+			v.c.log.WithError(err).Info("no server connection for a transaction")
+			e := acquireError(err)
+			if typ == 'Q' || typ == 'F' {
+				v.synth = append(v.synth, e...)
+				v.synth = append(v.synth, 'Z', 0, 0, 0, 5, 'I')
+				v.cond.Broadcast()
+			} else {
+				v.discarding = e
+			}
+			return out, pc, nil
+		}
+		out = v.take(srv)
+	}
+	pc = v.pc
+	if !v.readerOn {
+		v.readerOn, v.release = true, false
+		v.cond.Broadcast()
+	}
+	switch typ {
+	case 'Q':
+		v.outstanding++
+		v.queries++
+		e := expect{kind: 'Q'}
+		if r := refusedInTransactionMode(zstring(body)); r != nil {
+			e.refusal = r
+			v.queue = append(v.queue, e)
+			return appendQuery(out, standInSQL), pc, nil
+		}
+		v.queue = append(v.queue, e)
+	case 'F':
+		v.outstanding++
+		v.queries++
+		v.queue = append(v.queue, expect{kind: 'Q'})
+	case 'S':
+		v.outstanding++
+		v.queries++
+		v.unsynced = false
+		v.queue = append(v.queue, expect{kind: 'S'})
+	case 'P':
+		v.unsynced = true
+		return v.parse(out, msg), pc, nil
+	case 'B':
+		v.unsynced = true
+		return v.bind(out, msg), pc, nil
+	case 'D':
+		v.unsynced = true
+		if len(body) >= 2 && body[0] == 'S' {
+			stmt, ok := v.ensure(&out, zstring(body[1:]))
+			if ok {
+				return appendMessage(out, 'D', []byte{'S'}, []byte(stmt), []byte{0}), pc, nil
+			}
+		}
+	case 'C':
+		v.unsynced = true
+		if len(body) >= 2 && body[0] == 'S' {
+			name := zstring(body[1:])
+			if name != "" {
+				delete(v.stmts, name)
+				v.queue = append(v.queue, expect{kind: 'C'})
+				return appendMessage(out, 'C', []byte{'P'}, []byte(noPortal), []byte{0}), pc, nil
+			}
+			v.unnamed, pc.unnamed = nil, nil
+		}
+		v.queue = append(v.queue, expect{kind: 'C'})
+	case 'E', 'H':
+		v.unsynced = true
+	}
+	return append(out, msg...), pc, nil
+}
+
+// noPortal is a portal name no client can have: the proxy closes it in answer to a
+// client's Close of a statement, for the server's CloseComplete in order.
+const noPortal = "leafproxy no portal"
+
+// parse handles a Parse: the statement is the client's, prepared at the server under its
+// server-side name.
+func (v *pooledConn) parse(out, msg []byte) []byte {
+	body := msg[5:]
+	name := zstring(body)
+	rest := body[len(name)+1:]
+	query := zstring(rest)
+	if r := refusedInTransactionMode(query); r != nil {
+		v.queue = append(v.queue, expect{kind: 'P', refusal: r})
+		return appendMessage(out, 'P', standInParseNamed)
+	}
+	st := &clientStmt{rest: append([]byte(nil), rest...)}
+	if name == "" {
+		v.unnamed, v.pc.unnamed = st, st
+		v.queue = append(v.queue, expect{kind: 'P'})
+		return append(out, msg...)
+	}
+	st.sname = pstmtName(rest)
+	v.stmts[name] = st
+	if v.pc.prepared[st.sname] {
+		// Prepared here by this client or another: parse it again, so that the client
+		// gets the server's own answer to its Parse.
+		out = appendMessage(out, 'C', []byte{'S'}, []byte(st.sname), []byte{0})
+		v.queue = append(v.queue, expect{kind: 'c'})
+	}
+	v.pc.prepared[st.sname] = true
+	v.queue = append(v.queue, expect{kind: 'P', name: st.sname})
+	return appendMessage(out, 'P', []byte(st.sname), []byte{0}, st.rest)
+}
+
+// ensure makes the client's statement name exist on pc, parsing it there first when
+// needed, and returns its server-side name; ok is false for a name the client never
+// parsed (the server then says it does not exist).
+func (v *pooledConn) ensure(out *[]byte, name string) (string, bool) {
+	if name == "" {
+		if v.unnamed != nil && v.pc.unnamed != v.unnamed {
+			*out = appendMessage(*out, 'P', []byte{0}, v.unnamed.rest)
+			v.queue = append(v.queue, expect{kind: 'p'})
+			v.pc.unnamed = v.unnamed
+		}
+		return "", true
+	}
+	st := v.stmts[name]
+	if st == nil {
+		return "", false
+	}
+	if !v.pc.prepared[st.sname] {
+		*out = appendMessage(*out, 'P', []byte(st.sname), []byte{0}, st.rest)
+		v.queue = append(v.queue, expect{kind: 'p', name: st.sname})
+		v.pc.prepared[st.sname] = true
+	}
+	return st.sname, true
+}
+
+// bind handles a Bind: its statement gets its server-side name.
+func (v *pooledConn) bind(out, msg []byte) []byte {
+	body := msg[5:]
+	portal := zstring(body)
+	rest := body[len(portal)+1:]
+	name := zstring(rest)
+	sname, ok := v.ensure(&out, name)
+	if !ok || name == "" {
+		return append(out, msg...)
+	}
+	return appendMessage(out, 'B', []byte(portal), []byte{0}, []byte(sname), []byte{0}, rest[len(name)+1:])
+}
+
+// Read returns the server's messages for the session, less the answers to what the
+// proxy sent on its own, and the proxy's answers for cycles no server ran.
+func (v *pooledConn) Read(p []byte) (int, error) {
+	v.mu.Lock()
+	for {
+		if len(v.rout) > 0 {
+			n := copy(p, v.rout)
+			v.rout = v.rout[n:]
+			if len(v.rout) == 0 {
+				v.rout = v.rout[:0]
+			}
+			v.mu.Unlock()
+			return n, nil
+		}
+		if v.closed {
+			v.mu.Unlock()
+			return 0, io.EOF
+		}
+		if len(v.synth) > 0 {
+			v.rout, v.synth = v.synth, v.rout[:0]
+			continue
+		}
+		if v.pc == nil || !v.readerOn {
+			v.cond.Wait()
+			continue
+		}
+		pc := v.pc
+		v.reading = true
+		v.mu.Unlock()
+		n, err := v.readServer(pc, p)
+		v.mu.Lock()
+		v.reading = false
+		if err != nil {
+			closed := v.closed
+			if v.pc == pc {
+				v.giveBack(pool.Broken)
+			}
+			v.mu.Unlock()
+			if closed {
+				return 0, io.EOF
+			}
+			return 0, err
+		}
+		if n > 0 {
+			v.mu.Unlock()
+			return n, nil
+		}
+	}
+}
+
+// readServer reads from pc: the next piece of a streamed message straight into p, or one
+// whole message, which serverMessage handles (with mu held).
+func (v *pooledConn) readServer(pc *physConn, p []byte) (int, error) {
+	if v.rstream > 0 {
+		n, err := pc.br.Read(p[:min(len(p), v.rstream)])
+		v.rstream -= n
+		if err != nil && n == 0 {
+			return 0, err
+		}
+		return n, nil
+	}
+	var h [5]byte
+	if _, err := io.ReadFull(pc.br, h[:]); err != nil {
+		return 0, err
+	}
+	n := int(binary.BigEndian.Uint32(h[1:])) - 4
+	if n < 0 || n > v.c.srv.maxMessageSize() {
+		return 0, errMessageTooLarge
+	}
+	if (h[0] == 'D' || h[0] == 'd') && n > keepBufferSize {
+		v.mu.Lock()
+		injected := len(v.queue) > 0 && v.queue[0].kind == 'q'
+		v.mu.Unlock()
+		if !injected {
+			v.rstream = n
+			return copy(p, h[:]), nil // p is a bufio.Reader's buffer: never shorter than 5
+		}
+	}
+	msg := make([]byte, 5+n)
+	copy(msg, h[:])
+	if _, err := io.ReadFull(pc.br, msg[5:]); err != nil {
+		return 0, unexpected(err)
+	}
+	v.mu.Lock()
+	v.serverMessage(msg)
+	v.mu.Unlock()
+	return 0, nil
+}
+
+// serverMessage handles one whole message of the borrowed connection, queueing what the
+// session must get in rout. Called with mu held.
+func (v *pooledConn) serverMessage(msg []byte) {
+	typ, body := msg[0], msg[5:]
+	pc := v.pc
+	if typ == 'S' {
+		if name, value, ok := splitParameterStatus(body); ok {
+			lname := strings.ToLower(name)
+			pc.params[lname] = value
+			if !notCarried[lname] {
+				v.params[lname] = value
+			}
+		}
+		v.rout = append(v.rout, msg...)
+		return
+	}
+	var front *expect
+	if len(v.queue) > 0 {
+		front = &v.queue[0]
+	}
+	if front != nil && front.kind == 'q' {
+		switch typ {
+		case 'D':
+			if front.capture {
+				v.captured(body)
+			}
+		case 'E':
+			v.c.log.WithField("error", string(errorField(body, 'M'))).Warn("applying a client's settings on a pooled connection failed")
+		case 'Z':
+			if front.capture {
+				v.endCapture()
+			}
+			v.queue = v.queue[1:]
+			v.outstanding--
+			v.afterReady(body)
+		}
+		return
+	}
+	switch typ {
+	case '1':
+		if front != nil {
+			v.queue = v.queue[1:]
+			if front.kind == 'p' {
+				return
+			}
+		}
+	case '3':
+		if front != nil {
+			v.queue = v.queue[1:]
+			if front.kind == 'c' {
+				return
+			}
+		}
+	case 'E':
+		if front != nil && front.refusal != nil {
+			if code := string(errorField(body, 'C')); code == codeUndefinedColumn {
+				msg = front.refusal
+			}
+		}
+		if front != nil && front.kind != 'Q' && front.kind != 'S' {
+			// The server skips to the Sync: forget what it will not answer, and the
+			// statements it did not prepare.
+			for len(v.queue) > 0 && v.queue[0].kind != 'S' {
+				if e := v.queue[0]; e.kind == 'P' || e.kind == 'p' {
+					if e.name != "" {
+						delete(pc.prepared, e.name)
+					} else {
+						pc.unnamed = nil
+					}
+				}
+				v.queue = v.queue[1:]
+			}
+		}
+	case 'C':
+		switch tag := zstring(body); {
+		case tag == "SET" || tag == "RESET":
+			v.needCapture = true
+		case tag == "DISCARD ALL" || tag == "DEALLOCATE ALL":
+			clear(pc.prepared)
+			clear(v.stmts)
+			pc.unnamed, v.unnamed = nil, nil
+			v.needCapture = true
+		}
+	case 'Z':
+		for len(v.queue) > 0 {
+			k := v.queue[0].kind
+			v.queue = v.queue[1:]
+			if k == 'S' || k == 'Q' {
+				break
+			}
+		}
+		v.outstanding--
+		v.rout = append(v.rout, msg...)
+		v.afterReady(body)
+		return
+	}
+	v.rout = append(v.rout, msg...)
+}
+
+// afterReady gives the connection back when a ReadyForQuery leaves it idle, after reading
+// back the client's settings when it ran a SET.
+func (v *pooledConn) afterReady(body []byte) {
+	if len(body) == 1 {
+		v.txStatus = body[0]
+	}
+	if !v.idle() {
+		return
+	}
+	if v.needCapture {
+		v.needCapture = false
+		v.queue = append(v.queue, expect{kind: 'q', capture: true})
+		v.outstanding++
+		if _, err := v.pc.nc.Write(appendQuery(nil, captureSQL)); err != nil {
+			v.giveBack(pool.Broken)
+		}
+		return
+	}
+	v.readerOn = false
+	if v.writers == 0 {
+		v.giveBack(pool.Clean)
+	} else {
+		v.release = true
+	}
+}
+
+// captured notes one row of captureSQL: a setting the client's session has.
+func (v *pooledConn) captured(row []byte) {
+	cols := dataRowText(row)
+	if len(cols) != 2 {
+		return
+	}
+	name := strings.ToLower(cols[0])
+	if notCarried[name] {
+		return
+	}
+	v.captureNames = append(v.captureNames, name)
+	v.params[name] = cols[1]
+	v.pc.params[name] = cols[1]
+}
+
+// endCapture forgets the settings the client no longer has (RESET, DISCARD ALL).
+func (v *pooledConn) endCapture() {
+	keep := make(map[string]bool, len(v.captureNames))
+	for _, n := range v.captureNames {
+		keep[n] = true
+	}
+	for name := range v.params {
+		if !keep[name] && !v.pc.reported[name] {
+			delete(v.params, name)
+			delete(v.pc.params, name)
+		}
+	}
+	v.captureNames = v.captureNames[:0]
+}
+
+// dataRowText returns the columns of a DataRow in text format; NULL is "".
+func dataRowText(body []byte) []string {
+	if len(body) < 2 {
+		return nil
+	}
+	n := int(binary.BigEndian.Uint16(body))
+	body = body[2:]
+	cols := make([]string, 0, n)
+	for range n {
+		if len(body) < 4 {
+			return nil
+		}
+		l := int(int32(binary.BigEndian.Uint32(body)))
+		body = body[4:]
+		if l < 0 {
+			cols = append(cols, "")
+			continue
+		}
+		if len(body) < l {
+			return nil
+		}
+		cols = append(cols, string(body[:l]))
+		body = body[l:]
+	}
+	return cols
+}
+
+// Close ends the session's side: a connection borrowed in a transaction, or owing
+// answers, is given back broken and closed; an idle one goes back to the pool.
+func (v *pooledConn) Close() error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.closed {
+		return nil
+	}
+	v.closed = true
+	if v.srv != nil {
+		if v.idle() && !v.reading && v.writers == 0 && !v.needCapture && v.rstream == 0 {
+			v.giveBack(pool.Clean)
+		} else {
+			v.giveBack(pool.Broken)
+		}
+	}
+	v.cond.Broadcast()
+	return nil
+}
+
+// cancelPacket returns the CancelRequest for what the session runs now, nil when it
+// holds no server connection.
+func (v *pooledConn) cancelPacket() []byte {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.pc == nil {
+		return nil
+	}
+	b := make([]byte, 16)
+	binary.BigEndian.PutUint32(b, 16)
+	binary.BigEndian.PutUint32(b[4:], cancelRequestCode)
+	copy(b[8:], v.pc.key[:])
+	return b
+}
+
+func (v *pooledConn) LocalAddr() net.Addr                { return pooledAddr{} }
+func (v *pooledConn) RemoteAddr() net.Addr               { return pooledAddr{} }
+func (v *pooledConn) SetDeadline(t time.Time) error      { return nil }
+func (v *pooledConn) SetReadDeadline(t time.Time) error  { return nil }
+func (v *pooledConn) SetWriteDeadline(t time.Time) error { return nil }
+
+type pooledAddr struct{}
+
+func (pooledAddr) Network() string { return "pool" }
+func (pooledAddr) String() string  { return "pool" }
+
+// acquireError is the ErrorResponse for a failed borrow.
+func acquireError(err error) []byte {
+	code := codeConnectionUnable
+	var pe *pool.Error
+	if errors.As(err, &pe) && pe.Code != "" {
+		code = pe.Code
+	}
+	return errorMessage(code, err.Error(), "")
+}
+
+// errorMessage encodes an ErrorResponse of severity ERROR.
+func errorMessage(code, message, hint string) []byte {
+	msg := &pgproto3.ErrorResponse{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: code, Message: message, Hint: hint}
+	b, _ := msg.Encode(nil)
+	return b
+}
+
+// appendMessage appends a message of type typ whose body is the concatenation of parts.
+func appendMessage(b []byte, typ byte, parts ...[]byte) []byte {
+	start := len(b)
+	b = append(b, typ, 0, 0, 0, 0)
+	for _, p := range parts {
+		b = append(b, p...)
+	}
+	binary.BigEndian.PutUint32(b[start+1:], uint32(len(b)-start-1))
+	return b
+}
+
+// cString returns the text up to the first zero byte of b.
+func zstring(b []byte) string {
+	if i := indexZero(b); i >= 0 {
+		return string(b[:i])
+	}
+	return string(b)
+}
+
+// servePooled runs a session in transaction mode after its startup packet: the proxy
+// answers the startup itself, with the ParameterStatus values of a server connection of
+// the pool, and a cancel key of its own.
+func (c *conn) servePooled(packet []byte) {
+	s := c.srv
+	params := startupParams(packet)
+	user := params["user"]
+	if user == "" {
+		c.refuse(codeInvalidAuthorization, "no PostgreSQL user name specified in startup packet")
+		return
+	}
+	if params["replication"] != "" && params["replication"] != "false" {
+		c.refuse(codeFeatureNotSupported, "replication connections are not supported in transaction pool mode")
+		return
+	}
+	database := params["database"]
+	if database == "" {
+		database = user
+	}
+	v := newPooledConn(c, pool.Key{Database: database, User: user})
+	ctx, cancel := context.WithTimeout(c.ctx, s.startupTimeout())
+	defer cancel()
+	p, err := s.serverPool()
+	if err != nil {
+		c.refuse(codeConnectionUnable, err.Error())
+		return
+	}
+	srv, err := p.Acquire(ctx, v.key)
+	if err != nil {
+		code := codeConnectionUnable
+		var pe *pool.Error
+		if errors.As(err, &pe) && pe.Code != "" {
+			code = pe.Code
+		}
+		c.log.WithError(err).Warn("cannot connect to upstream")
+		c.refuse(code, err.Error())
+		return
+	}
+	sc := newServerConn(v, s.maxMessageSize())
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		srv.Release(pool.Clean)
+		return
+	}
+	c.server = sc
+	c.mu.Unlock()
+	c.cr = msgReader{br: bufio.NewReaderSize(c.client, readBufferSize), maxBody: sc.r.maxBody}
+	c.cw = bufio.NewWriterSize(c.client, writeBufferSize)
+
+	// The client's settings: the server's, then those of its startup packet.
+	pc := srv.Conn()
+	status := make([]paramValue, 0, len(pc.login))
+	for _, pv := range pc.login {
+		lname := strings.ToLower(pv.name)
+		if value, ok := params[lname]; ok && !notCarried[lname] {
+			pv.value = value
+		}
+		if !notCarried[lname] {
+			v.params[lname] = pv.value
+		}
+		status = append(status, pv)
+	}
+	for name, value := range params {
+		switch lname := strings.ToLower(name); lname {
+		case "user", "database", "replication", "options":
+		default:
+			if !notCarried[lname] {
+				v.params[lname] = value
+			}
+		}
+	}
+	for name, value := range parseOptions(params["options"]) {
+		v.params[strings.ToLower(name)] = value
+	}
+	srv.Release(pool.Clean)
+
+	var key [8]byte
+	_, _ = rand.Read(key[:])
+	key[0] &= 0x7f // a positive process ID, as some clients expect
+	c.setCancelKey(string(key[:]))
+	out := appendMessage(nil, 'R', []byte{0, 0, 0, 0})
+	for _, pv := range status {
+		body := appendMessage(nil, 'S', []byte(pv.name), []byte{0}, []byte(pv.value), []byte{0})
+		c.noteParameterStatus(body[5:])
+		out = append(out, body...)
+	}
+	out = appendMessage(out, 'K', key[:])
+	out = append(out, 'Z', 0, 0, 0, 5, 'I')
+	if _, err := c.cw.Write(out); err != nil {
+		return
+	}
+	if err := c.cw.Flush(); err != nil {
+		return
+	}
+	sc.txStatus.Store('I')
+	_ = c.client.SetDeadline(noDeadline)
+	c.log.Debug("session started in transaction mode")
+	c.relay()
+}
+
+// parseOptions returns the settings of a startup packet's options: -c name=value and
+// --name=value, separated by spaces (backslash escapes a space).
+func parseOptions(s string) map[string]string {
+	out := make(map[string]string)
+	var args []string
+	var cur strings.Builder
+	esc := false
+	for _, r := range s {
+		switch {
+		case esc:
+			cur.WriteRune(r)
+			esc = false
+		case r == '\\':
+			esc = true
+		case r == ' ':
+			if cur.Len() > 0 {
+				args = append(args, cur.String())
+				cur.Reset()
+			}
+		default:
+			cur.WriteRune(r)
+		}
+	}
+	if cur.Len() > 0 {
+		args = append(args, cur.String())
+	}
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "-c" && i+1 < len(args):
+			i++
+			a = args[i]
+		case strings.HasPrefix(a, "-c"):
+			a = a[2:]
+		case strings.HasPrefix(a, "--"):
+			a = a[2:]
+		default:
+			continue
+		}
+		if name, value, ok := strings.Cut(a, "="); ok {
+			out[strings.ReplaceAll(name, "-", "_")] = value
+		}
+	}
+	return out
+}
+
+// pooled returns the session's pooledConn in transaction mode, nil in session mode.
+func (c *conn) pooled() *pooledConn {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.server == nil {
+		return nil
+	}
+	v, _ := c.server.nc.(*pooledConn)
+	return v
+}

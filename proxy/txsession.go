@@ -131,7 +131,8 @@ type pooledConn struct {
 	// a large message streamed from pc.
 	rout    []byte
 	synth   []byte
-	rstream int
+	rstream int       // touched by the reader only
+	rpc     *physConn // the connection rstream belongs to; reader only
 }
 
 func newPooledConn(c *conn, key pool.Key) *pooledConn {
@@ -169,7 +170,7 @@ func (v *pooledConn) giveBack(st pool.State) {
 	v.srv, v.pc = nil, nil
 	v.readerOn, v.release, v.reading = false, false, false
 	v.queue = v.queue[:0]
-	v.outstanding, v.unsynced, v.rstream = 0, false, 0
+	v.outstanding, v.unsynced = 0, false
 	v.cond.Broadcast()
 }
 
@@ -207,6 +208,7 @@ func (v *pooledConn) applySettings(out []byte) []byte {
 	}
 	v.queue = append(v.queue, expect{kind: 'q'})
 	v.outstanding++
+	pc.unnamed = nil
 	return appendQuery(out, sql.String())
 }
 
@@ -323,6 +325,7 @@ func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte
 	case 'Q':
 		v.outstanding++
 		v.queries++
+		pc.unnamed = nil // a Query replaces the unnamed statement
 		e := expect{kind: 'Q'}
 		if r := refusedInTransactionMode(zstring(body)); r != nil {
 			e.refusal = r
@@ -495,6 +498,9 @@ func (v *pooledConn) Read(p []byte) (int, error) {
 // readServer reads from pc: the next piece of a streamed message straight into p, or one
 // whole message, which serverMessage handles (with mu held).
 func (v *pooledConn) readServer(pc *physConn, p []byte) (int, error) {
+	if v.rpc != pc {
+		v.rpc, v.rstream = pc, 0
+	}
 	if v.rstream > 0 {
 		n, err := pc.br.Read(p[:min(len(p), v.rstream)])
 		v.rstream -= n
@@ -641,6 +647,7 @@ func (v *pooledConn) afterReady(body []byte) {
 	}
 	if v.needCapture {
 		v.needCapture = false
+		v.pc.unnamed = nil
 		v.queue = append(v.queue, expect{kind: 'q', capture: true})
 		v.outstanding++
 		if _, err := v.pc.nc.Write(appendQuery(nil, captureSQL)); err != nil {
@@ -723,7 +730,7 @@ func (v *pooledConn) Close() error {
 	}
 	v.closed = true
 	if v.srv != nil {
-		if v.idle() && !v.reading && v.writers == 0 && !v.needCapture && v.rstream == 0 {
+		if v.idle() && !v.reading && v.writers == 0 && !v.needCapture {
 			v.giveBack(pool.Clean)
 		} else {
 			v.giveBack(pool.Broken)

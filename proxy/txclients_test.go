@@ -1,0 +1,365 @@
+package proxy
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/leafproxy/leafproxy/internal/testenv"
+	"github.com/leafproxy/leafproxy/proxy/pool"
+)
+
+// TestTxPoolPgbench runs pgbench with 20 clients over 5 server connections in the three
+// query modes; prepared is the one a transaction pool without statement tracking fails.
+// One thread per client: pgbench prepares a statement with a blocking call, which would
+// stall a thread whose other clients hold every server connection in a transaction.
+func TestTxPoolPgbench(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p := startProxy(t, db, inTransactionMode)
+	if out, err := runTool(t, "pgbench", "-i", "-s", "1", "-q", db); err != nil {
+		t.Fatalf("pgbench -i: %v\n%s", err, out)
+	}
+	setup := connect(t, db)
+	for _, mode := range []string{"simple", "extended", "prepared"} {
+		t.Run(mode, func(t *testing.T) {
+			out, err := runTool(t, "pgbench", "-n", "-M", mode, "-c", "20", "-j", "20", "-t", "50", p.url(db))
+			if err != nil {
+				t.Fatalf("pgbench: %v\n%s", err, out)
+			}
+			if m := pgbenchFailures.FindStringSubmatch(out); m != nil && m[1] != "0" {
+				t.Fatalf("%s failed transactions:\n%s", m[1], out)
+			}
+			if m := pgbenchProcessed.FindStringSubmatch(out); m == nil || m[1] != "1000" {
+				t.Fatalf("pgbench did not process 1000 transactions:\n%s", out)
+			}
+			if n := backends(t, setup, dbName(t, db)); n > txPoolSize {
+				t.Fatalf("%d server connections, pool-size %d", n, txPoolSize)
+			}
+		})
+	}
+}
+
+// TestTxPoolLibPQAndPsql runs lib/pq (prepared statements, transactions) and psql over
+// the transaction pool.
+func TestTxPoolLibPQAndPsql(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p, _ := rewritingProxy(t, db, inTransactionMode)
+	conn, err := sql.Open("postgres", p.url(db))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetMaxOpenConns(12)
+	if _, err := conn.Exec("CREATE TABLE orders (id int8 PRIMARY KEY, item text)"); err != nil {
+		t.Fatal(err)
+	}
+	stmt, err := conn.Prepare("INSERT INTO orders (item) VALUES ($1) RETURNING id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stmt.Close()
+	var wg sync.WaitGroup
+	errs := make(chan error, 12)
+	for i := range 12 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range 20 {
+				var id int64
+				if err := stmt.QueryRow(fmt.Sprint(i, j)).Scan(&id); err != nil {
+					errs <- err
+					return
+				}
+				var next int64
+				if err := conn.QueryRow("SELECT leaf_next('order')").Scan(&next); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	tx, err := conn.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec("DELETE FROM orders"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := conn.QueryRow("SELECT count(DISTINCT id) FROM orders").Scan(&n); err != nil || n != 240 {
+		t.Fatalf("count %d (%v), want 240", n, err)
+	}
+
+	out, err := runTool(t, "psql", "-X", "-v", "ON_ERROR_STOP=0", "-At", "-d", p.url(db), "-c",
+		"BEGIN; INSERT INTO orders (item) VALUES ('psql'); SELECT 1/0; COMMIT;")
+	if !strings.Contains(out, "division by zero") {
+		t.Fatalf("psql: %v\n%s", err, out)
+	}
+	out, err = runTool(t, "psql", "-X", "-At", "-d", p.url(db), "-c", "SELECT count(*) FROM orders", "-c", "SHOW application_name")
+	if err != nil || out != "240\npsql\n" {
+		t.Fatalf("psql: %v\n%q", err, out)
+	}
+}
+
+// TestTxPoolSettingsDoNotLeak: SET application_name and SET search_path of one client
+// follow it from server connection to server connection and never reach another
+// client, over a pool of one connection that all clients share.
+func TestTxPoolSettingsDoNotLeak(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p := startProxy(t, db, inTransactionMode, func(s *Server) { s.Pooling.PoolSize = 1 })
+	ctx := testContext(t)
+	setup := connect(t, db)
+	if _, err := setup.Exec(ctx, "CREATE SCHEMA a; CREATE SCHEMA b; CREATE TABLE a.t AS SELECT 'a' AS v; CREATE TABLE b.t AS SELECT 'b' AS v"); err != nil {
+		t.Fatal(err)
+	}
+	ca := connect(t, p.url(db))
+	cb := connect(t, p.url(db))
+	plain := connect(t, p.url(db))
+	for _, c := range []struct {
+		conn *pgx.Conn
+		name string
+	}{{ca, "a"}, {cb, "b"}} {
+		if _, err := c.conn.Exec(ctx, "SET application_name = 'app_"+c.name+"'", pgx.QueryExecModeSimpleProtocol); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.conn.Exec(ctx, "SET search_path TO "+c.name+", public", pgx.QueryExecModeSimpleProtocol); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 3 {
+		for _, c := range []struct {
+			conn *pgx.Conn
+			name string
+		}{{ca, "a"}, {cb, "b"}, {plain, ""}} {
+			var app, v string
+			err := c.conn.QueryRow(ctx, "SELECT current_setting('application_name'), coalesce((SELECT v FROM t), '')").Scan(&app, &v)
+			if c.name == "" {
+				// The plain client has neither setting: no table t on its search_path.
+				wantSQLState(t, err, "42P01")
+				if err := c.conn.QueryRow(ctx, "SELECT current_setting('application_name')").Scan(&app); err != nil {
+					t.Fatal(err)
+				}
+				if app != "" {
+					t.Fatalf("plain client has application_name %q", app)
+				}
+				continue
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if app != "app_"+c.name || v != c.name {
+				t.Fatalf("client %s sees application_name %q and table t of schema %q", c.name, app, v)
+			}
+			if ps := c.conn.PgConn().ParameterStatus("application_name"); ps != "app_"+c.name {
+				t.Fatalf("client %s was told application_name %q", c.name, ps)
+			}
+		}
+	}
+	// RESET brings the client back to the default.
+	if _, err := ca.Exec(ctx, "RESET search_path", pgx.QueryExecModeSimpleProtocol); err != nil {
+		t.Fatal(err)
+	}
+	_, err := ca.Exec(ctx, "SELECT v FROM t")
+	wantSQLState(t, err, "42P01")
+}
+
+// TestTxPoolRefusals: what cannot follow a client across server connections is refused
+// with 0A000 and nothing reaches the database; the session goes on.
+func TestTxPoolRefusals(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p := startProxy(t, db, inTransactionMode)
+	ctx := testContext(t)
+	conn := connect(t, p.url(db))
+	for _, sql := range []string{
+		"LISTEN channel",
+		"SELECT pg_advisory_lock(1)",
+		"SELECT pg_try_advisory_lock_shared(2)",
+		"CREATE TEMP TABLE tmp (x int)",
+		"CREATE TEMPORARY TABLE tmp AS SELECT 1",
+		"SELECT 1 INTO TEMP tmp",
+		"PREPARE p AS SELECT 1",
+		"SELECT 1; LISTEN other",
+	} {
+		for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeExec} {
+			if mode == pgx.QueryExecModeExec && strings.Contains(sql, ";") {
+				continue
+			}
+			_, err := conn.Exec(ctx, sql, mode)
+			pgErr := wantSQLState(t, err, "0A000")
+			if !strings.Contains(pgErr.Hint, "session") {
+				t.Fatalf("%s: hint %q does not name session mode", sql, pgErr.Hint)
+			}
+		}
+	}
+	// In a transaction block the refusal fails the block, as the server's error would.
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = tx.Exec(ctx, "DECLARE c CURSOR WITH HOLD FOR SELECT 1")
+	wantSQLState(t, err, "0A000")
+	_, err = tx.Exec(ctx, "SELECT 1")
+	wantSQLState(t, err, "25P02")
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_class WHERE relname = 'tmp'").Scan(&n); err != nil || n != 0 {
+		t.Fatalf("tmp tables: %d, %v", n, err)
+	}
+	// What can be carried is not refused.
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_xact_lock(1)"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestTxPoolWaitTimeout: a client that waits longer than query-wait-timeout gets 57014
+// and its session stays usable.
+func TestTxPoolWaitTimeout(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p := startProxy(t, db, inTransactionMode, func(s *Server) {
+		s.Pooling.PoolSize = 1
+		s.Pooling.QueryWaitTimeout = 300 * time.Millisecond
+	})
+	ctx := testContext(t)
+	holder := connect(t, p.url(db))
+	waiter := connect(t, p.url(db))
+	tx, err := holder.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeExec} {
+		_, err = waiter.Exec(ctx, "SELECT 2", mode)
+		wantSQLState(t, err, pool.CodeWaitTimeout)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := waiter.QueryRow(ctx, "SELECT 3").Scan(&n); err != nil || n != 3 {
+		t.Fatalf("after the wait: %d, %v", n, err)
+	}
+}
+
+// TestTxPoolServerKilled: a server connection killed in the middle of a transaction
+// fails that client only; the pool replaces the connection for the others.
+func TestTxPoolServerKilled(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p := startProxy(t, db, inTransactionMode, func(s *Server) { s.Pooling.PoolSize = 2 })
+	ctx := testContext(t)
+	setup := connect(t, db)
+	victim := connect(t, p.url(db))
+	other := connect(t, p.url(db))
+	tx, err := victim.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := setup.Exec(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
+		t.Fatal(err)
+	}
+	_, err = tx.Exec(ctx, "SELECT 1")
+	var pgErr *pgconn.PgError
+	if err == nil || (errors.As(err, &pgErr) && pgErr.Code[:2] != "08" && pgErr.Code != "57P01") {
+		t.Fatalf("victim after its server connection was killed: %v", err)
+	}
+	for range 5 {
+		var n int
+		if err := other.QueryRow(ctx, "SELECT 1").Scan(&n); err != nil {
+			t.Fatalf("another client after the kill: %v", err)
+		}
+	}
+	fresh := connect(t, p.url(db))
+	if _, err := fresh.Exec(ctx, "SELECT 1"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestTxPoolClientVanishes: a client gone in the middle of a transaction leaves nothing
+// behind for the next borrower of its server connection.
+func TestTxPoolClientVanishes(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p := startProxy(t, db, inTransactionMode, func(s *Server) { s.Pooling.PoolSize = 1 })
+	ctx := testContext(t)
+	setup := connect(t, db)
+	if _, err := setup.Exec(ctx, "CREATE TABLE items (x int)"); err != nil {
+		t.Fatal(err)
+	}
+	gone, err := pgx.Connect(ctx, p.url(db))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := gone.Exec(ctx, "BEGIN; INSERT INTO items VALUES (1)", pgx.QueryExecModeSimpleProtocol); err != nil {
+		t.Fatal(err)
+	}
+	gone.PgConn().Conn().Close() // no Terminate, no ROLLBACK
+	next := connect(t, p.url(db))
+	var inTx bool
+	if err := next.QueryRow(ctx, "SELECT count(*) > 0 FROM items").Scan(&inTx); err != nil {
+		t.Fatal(err)
+	}
+	if inTx {
+		t.Fatal("the next client runs inside the vanished client's transaction")
+	}
+	if _, err := next.Exec(ctx, "INSERT INTO items VALUES (2)"); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := setup.QueryRow(ctx, "SELECT count(*) FROM items").Scan(&n); err != nil || n != 1 {
+		t.Fatalf("items: %d rows (%v), want the next client's only", n, err)
+	}
+}
+
+// TestTxPoolCancel: a cancel with the proxy's key reaches the server connection that
+// runs the client's statement.
+func TestTxPoolCancel(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p := startProxy(t, db, inTransactionMode)
+	ctx := testContext(t)
+	conn := connect(t, p.url(db))
+	qctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := conn.Exec(qctx, "SELECT pg_sleep(30)")
+		done <- err
+	}()
+	setup := connect(t, db)
+	waitFor(t, 20*time.Second, "the sleep to start", func() error {
+		var n int
+		if err := setup.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(30)' AND state = 'active'").Scan(&n); err != nil {
+			return err
+		}
+		if n != 1 {
+			return fmt.Errorf("%d sleeping", n)
+		}
+		return nil
+	})
+	start := time.Now()
+	cancel()
+	err := <-done
+	if err == nil || time.Since(start) > 10*time.Second {
+		t.Fatalf("cancelled sleep: %v after %v", err, time.Since(start))
+	}
+}

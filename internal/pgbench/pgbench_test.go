@@ -164,3 +164,30 @@ func TestTableBaselineCPU(t *testing.T) {
 		}
 	}
 }
+
+// TestStartLeafproxyExited: a binary that exits at once is reported as not started, and
+// promptly: the start-up check and the clean-up both wait for the same exit.
+func TestStartLeafproxyExited(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "leafproxy")
+	if err := os.WriteFile(bin, []byte("#!/bin/sh\necho cannot start >&2\nexit 3\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() {
+		p, err := StartLeafproxy(ctx, bin)
+		if err == nil {
+			p.Close()
+		}
+		errc <- err
+	}()
+	select {
+	case err := <-errc:
+		if err == nil || !strings.Contains(err.Error(), "process exited") || !strings.Contains(err.Error(), "cannot start") {
+			t.Fatalf("StartLeafproxy of a binary that exits: %v, want a start-up error quoting its log", err)
+		}
+	case <-time.After(50 * time.Second):
+		t.Fatal("StartLeafproxy of a binary that exits did not return within 50 s")
+	}
+}

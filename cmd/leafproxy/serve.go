@@ -115,6 +115,7 @@ type app struct {
 	now       func() time.Time // the clock of the worker sources (the engine's); nil: time.Now
 	debug     map[string]http.Handler
 	proxy     *proxy.Server
+	pools     poolFigures // the figures of proxy's pools (transaction mode)
 	http      *http.Server
 	catalog   *catalog // columns of the filled tables; nil without fill rules
 
@@ -252,6 +253,7 @@ func (a *app) run(ctx context.Context) (err error) {
 				IsSnowflakeTag: a.router.IsSnowflake,
 				Totals:         a.metrics.IssuedTotals,
 				Ready:          a.ready,
+				Pools:          a.pools.snapshot,
 				Metrics:        a.metrics.Handler(),
 				Token:          cfg.HTTPToken,
 				Logger:         log,
@@ -399,6 +401,9 @@ func (a *app) newProxy() (*proxy.Server, error) {
 		OnReject:        a.metrics.Rejected,
 		OnRewrite:       a.metrics.Rewrite,
 		OnError:         a.metrics.Error,
+	}
+	if err := a.configurePooling(s); err != nil {
+		return nil, fmt.Errorf("pooling: %w", err)
 	}
 	if cfg.UpstreamCA != "" {
 		pem, err := os.ReadFile(cfg.UpstreamCA)

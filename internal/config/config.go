@@ -42,6 +42,7 @@ type Config struct {
 	MaxClientConns  int    `yaml:"max-client-conns"`
 	MaxMessageSize  int    `yaml:"max-message-size"`
 	EventLoops      int    `yaml:"event-loops"`
+	Pooling         `yaml:",inline"`
 
 	Store          string `yaml:"store"`
 	MigrateOnStart bool   `yaml:"migrate-on-start"`
@@ -91,6 +92,7 @@ func Defaults() Config {
 		Listen:          "127.0.0.1:6432",
 		Upstream:        "127.0.0.1:5432",
 		UpstreamSSLMode: "prefer",
+		Pooling:         Pooling{PoolMode: PoolModeSession},
 		MaxClientConns:  1000,
 		MaxMessageSize:  1 << 30,
 		HTTP:            "127.0.0.1:8080",

@@ -263,13 +263,19 @@ func TestParseFillRule(t *testing.T) {
 func TestEveryKeyHasAFlagAndEnv(t *testing.T) {
 	fs := flag.NewFlagSet("x", flag.ContinueOnError)
 	RegisterFlags(fs)
-	typ := reflect.TypeOf(Config{})
 	tags := map[string]bool{}
-	for i := 0; i < typ.NumField(); i++ {
-		if tag := typ.Field(i).Tag.Get("yaml"); tag != "" && tag != "-" {
-			tags[tag] = true
+	var collect func(typ reflect.Type)
+	collect = func(typ reflect.Type) {
+		for i := 0; i < typ.NumField(); i++ {
+			switch tag := typ.Field(i).Tag.Get("yaml"); {
+			case tag == ",inline":
+				collect(typ.Field(i).Type)
+			case tag != "" && tag != "-":
+				tags[tag] = true
+			}
 		}
 	}
+	collect(reflect.TypeOf(Config{}))
 	for _, name := range Names() {
 		if fs.Lookup(name) == nil {
 			t.Errorf("setting %s has no flag", name)
@@ -284,5 +290,21 @@ func TestEveryKeyHasAFlagAndEnv(t *testing.T) {
 	}
 	for tag := range tags {
 		t.Errorf("Config field %s is not in the settings table", tag)
+	}
+}
+
+func TestPoolingSettings(t *testing.T) {
+	c := Defaults()
+	if c.PoolMode != PoolModeSession {
+		t.Fatalf("default pool-mode %q, want session", c.PoolMode)
+	}
+	c.Store = "postgres://leaf@127.0.0.1:5432/app"
+	c.PoolMode = "statement"
+	c.PoolSize = 2
+	c.MinPoolSize = 3
+	err := c.Validate()
+	if err == nil || !strings.Contains(err.Error(), `pool-mode (default): "statement" is not one of session, transaction`) ||
+		!strings.Contains(err.Error(), "min-pool-size (default): 3 exceeds pool-size 2") {
+		t.Fatalf("Validate: %v", err)
 	}
 }

@@ -198,6 +198,7 @@ func (c *Config) Validate() error {
 	if c.FillRefresh < time.Second {
 		bad("fill-refresh", "%s must be at least 1s", c.FillRefresh)
 	}
+	c.checkPooling(bad)
 	if c.ShutdownTimeout <= 0 {
 		bad("shutdown-timeout", "%s must be positive", c.ShutdownTimeout)
 	}

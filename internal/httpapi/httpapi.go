@@ -23,6 +23,7 @@ import (
 	"github.com/leafproxy/leafproxy/idgen"
 	"github.com/leafproxy/leafproxy/idgen/segment"
 	"github.com/leafproxy/leafproxy/internal/metrics"
+	"github.com/leafproxy/leafproxy/proxy/pool"
 )
 
 // Options are what the server shows and serves. Nil fields turn their endpoints into a
@@ -52,6 +53,9 @@ type Options struct {
 	Totals func() map[metrics.Key]uint64
 	// Ready returns nil when the engines can issue IDs, else the reason they cannot.
 	Ready func(ctx context.Context) error
+	// Pools returns the figures of the proxy's pools of server connections for /pools
+	// (transaction mode).
+	Pools func() []pool.Stats
 	// Metrics serves /metrics.
 	Metrics http.Handler
 	// Token, when not empty, is required as "Authorization: Bearer <token>".
@@ -95,6 +99,7 @@ func New(o Options) http.Handler {
 	s.mux.HandleFunc("GET /cache", s.cache)
 	s.mux.HandleFunc("GET /healthz", s.healthz)
 	s.mux.HandleFunc("GET /readyz", s.readyz)
+	s.mux.HandleFunc("GET /pools", s.pools)
 	s.mux.HandleFunc("GET /{$}", s.statusPage)
 	for pattern, h := range o.Extra {
 		s.mux.Handle(pattern, h)

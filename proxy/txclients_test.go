@@ -363,3 +363,165 @@ func TestTxPoolCancel(t *testing.T) {
 		t.Fatalf("cancelled sleep: %v after %v", err, time.Since(start))
 	}
 }
+
+// TestTxPoolSessionSettings: settings of the startup packet (options included) and SETs
+// of settings the server does not report follow their client only.
+func TestTxPoolSessionSettings(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p := startProxy(t, db, inTransactionMode, func(s *Server) { s.Pooling.PoolSize = 1 })
+	ctx := testContext(t)
+	cfg, err := pgx.ParseConfig(p.url(db))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["options"] = "-c work_mem=5MB"
+	cfg.RuntimeParams["application_name"] = "started"
+	opts, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer opts.Close(context.Background())
+	setter := connect(t, p.url(db))
+	plain := connect(t, p.url(db))
+	if _, err := setter.Exec(ctx, "SET statement_timeout = '1234ms'"); err != nil {
+		t.Fatal(err)
+	}
+	show := func(c *pgx.Conn) string {
+		t.Helper()
+		var wm, st, app string
+		if err := c.QueryRow(ctx, "SELECT current_setting('work_mem'), current_setting('statement_timeout'), current_setting('application_name')").Scan(&wm, &st, &app); err != nil {
+			t.Fatal(err)
+		}
+		return wm + " " + st + " " + app
+	}
+	for range 2 {
+		for _, c := range []struct {
+			conn *pgx.Conn
+			want string
+		}{{opts, "5MB 0 started"}, {setter, "4MB 1234ms "}, {plain, "4MB 0 "}} {
+			if got := show(c.conn); got != c.want {
+				t.Fatalf("settings %q, want %q", got, c.want)
+			}
+		}
+	}
+	// A SET LOCAL ends with its transaction.
+	tx, err := plain.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SET LOCAL work_mem = '7MB'"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := show(plain); got != "4MB 0 " {
+		t.Fatalf("after SET LOCAL: %q", got)
+	}
+	if got := show(setter); got != "4MB 1234ms " {
+		t.Fatalf("setter after another's SET LOCAL: %q", got)
+	}
+}
+
+// TestTxPoolExtendedErrorsAndClose: an error in the middle of a pipelined batch, a
+// statement closed by its client, and a COPY with filled keys, over one server
+// connection shared by two clients.
+func TestTxPoolExtendedErrorsAndClose(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p, _ := rewritingProxy(t, db, inTransactionMode, func(s *Server) { s.Pooling.PoolSize = 1 })
+	ctx := testContext(t)
+	setup := connect(t, db)
+	if _, err := setup.Exec(ctx, "CREATE TABLE orders (id int8 PRIMARY KEY, item text NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	a := connect(t, p.url(db))
+	b := connect(t, p.url(db))
+	batch := &pgx.Batch{}
+	batch.Queue("INSERT INTO orders (item) VALUES ($1)", "one")
+	batch.Queue("SELECT 1/$1::int", 0)
+	batch.Queue("INSERT INTO orders (item) VALUES ($1)", "skipped")
+	err := a.SendBatch(ctx, batch).Close()
+	wantSQLState(t, err, "22012")
+	var n int
+	for _, c := range []*pgx.Conn{a, b, a} {
+		if err := c.QueryRow(ctx, "SELECT count(*) FROM orders").Scan(&n); err != nil || n != 0 {
+			t.Fatalf("after the failed batch: %d rows, %v (a batch is one transaction)", n, err)
+		}
+	}
+	if _, err := a.Prepare(ctx, "mine", "SELECT $1::int + 1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.QueryRow(ctx, "SELECT 5").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.QueryRow(ctx, "mine", 1).Scan(&n); err != nil || n != 2 {
+		t.Fatalf("prepared statement: %d, %v", n, err)
+	}
+	if err := a.Deallocate(ctx, "mine"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = a.Exec(ctx, "mine", 1)
+	if err == nil {
+		t.Fatal("a closed statement still runs")
+	}
+	// Another client's statement of the same text is not affected.
+	if _, err := b.Prepare(ctx, "theirs", "SELECT $1::int + 1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.QueryRow(ctx, "theirs", 2).Scan(&n); err != nil || n != 3 {
+		t.Fatalf("other client's statement: %d, %v", n, err)
+	}
+	rows := [][]any{{"c1"}, {"c2"}, {"c3"}}
+	if got, err := a.CopyFrom(ctx, pgx.Identifier{"orders"}, []string{"item"}, pgx.CopyFromRows(rows)); err != nil || got != 3 {
+		t.Fatalf("CopyFrom: %d, %v", got, err)
+	}
+	if err := b.QueryRow(ctx, "SELECT count(DISTINCT id) FROM orders WHERE id IS NOT NULL").Scan(&n); err != nil || n != 3 {
+		t.Fatalf("after COPY: %d filled rows, %v", n, err)
+	}
+}
+
+// TestTxPoolShutdownWaits: Shutdown lets a transaction in flight finish.
+func TestTxPoolShutdownWaits(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p := startProxy(t, db, inTransactionMode)
+	ctx := testContext(t)
+	conn := connect(t, p.url(db))
+	idle := connect(t, p.url(db))
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- p.srv.Shutdown(ctx) }()
+	waitFor(t, 20*time.Second, "the idle client to be ended", func() error {
+		if err := idle.Ping(ctx); err == nil {
+			return errors.New("still served")
+		}
+		return nil
+	})
+	if _, err := tx.Exec(ctx, "SELECT 2"); err != nil {
+		t.Fatalf("the transaction in flight was cut: %v", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestTxPoolRefusesReplication: a replication connection cannot be pooled.
+func TestTxPoolRefusesReplication(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p := startProxy(t, db, inTransactionMode)
+	cfg, err := pgconn.ParseConfig(p.url(db))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	_, err = pgconn.ConnectConfig(testContext(t), cfg)
+	wantSQLState(t, err, "0A000")
+}

@@ -8,6 +8,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 )
 
 // errStartupRefused reports that the upstream ended the startup with an ErrorResponse,
@@ -102,7 +104,7 @@ func (c *conn) authenticate() error {
 
 // upstreamStartupFailed tells the client that the upstream went away during startup.
 func (c *conn) upstreamStartupFailed(err error) error {
-	_, _ = c.cw.Write(fatal(codeConnectionFailure, "upstream server closed the connection during startup"))
+	_, _ = c.cw.Write(fatal(sqlstate.ConnectionFailure, "upstream server closed the connection during startup"))
 	_ = c.cw.Flush()
 	return fmt.Errorf("reading upstream startup: %w", err)
 }
@@ -113,8 +115,8 @@ func (c *conn) relayAuthResponse(code uint32) error {
 	if err != nil {
 		return fmt.Errorf("reading authentication response: %w", err)
 	}
-	if typ != 'p' {
-		_, _ = c.cw.Write(fatal(codeProtocolViolation,
+	if typ != clientPassword {
+		_, _ = c.cw.Write(fatal(sqlstate.ProtocolViolation,
 			fmt.Sprintf("expected password response, got message type %q", typ)))
 		_ = c.cw.Flush()
 		return fmt.Errorf("client sent %q during authentication", typ)
@@ -232,12 +234,12 @@ func (c *conn) relaySASLInitialResponse(n int) error {
 		msg := &pgproto3.ErrorResponse{
 			Severity:            severityFatal,
 			SeverityUnlocalized: severityFatal,
-			Code:                codeInvalidAuthorization,
+			Code:                sqlstate.InvalidAuthorizationSpecification,
 			Message:             "SCRAM channel binding cannot pass through the proxy: the client's TLS connection ends at the proxy, not at the database server",
 			Hint:                "Connect with channel_binding=disable, or without TLS to the proxy.",
 		}
 		b, _ := msg.Encode(nil)
-		c.srv.reject(codeInvalidAuthorization)
+		c.srv.reject(sqlstate.InvalidAuthorizationSpecification)
 		_, _ = c.cw.Write(b)
 		_ = c.cw.Flush()
 		return errors.New("client asked for SCRAM channel binding, which cannot pass through the proxy")

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 	"github.com/leafproxy/leafproxy/rewrite"
 )
 
@@ -29,7 +30,7 @@ func (s *Server) maxBatch() int64 {
 // batchIDs draws n IDs of tag into the session's ID buffer, after checking n.
 func (c *conn) batchIDs(tag string, n int64) ([]int64, error) {
 	if limit := c.srv.maxBatch(); n < 1 || n > limit {
-		return nil, &rewrite.Error{Code: rewrite.CodeInvalidParameter,
+		return nil, &rewrite.Error{Code: sqlstate.InvalidParameterValue,
 			Message: fmt.Sprintf("the number of IDs of leaf_next(tag, n) must be between 1 and %d, got %d", limit, n),
 			Hint:    "Ask for at most the proxy's max-batch IDs at a time."}
 	}
@@ -42,7 +43,7 @@ func (c *conn) batchIDs(tag string, n int64) ([]int64, error) {
 		s.idsBuf = ids[:0]
 	}
 	if err != nil {
-		return nil, &idError{err}
+		return nil, err // the source words its errors; errorResponse gives them a SQLSTATE
 	}
 	return ids, nil
 }
@@ -147,11 +148,11 @@ func batchArgs(b *rewrite.Batch, types []uint32, m *bindMessage) (string, int64,
 	}
 	if p := b.CountParam; p > 0 {
 		if p > len(m.params) || m.params[p-1] == nil {
-			return "", 0, &rewrite.Error{Code: rewrite.CodeInvalidParameter, Message: fmt.Sprintf("the number of IDs of leaf_next(tag, n) in parameter $%d is NULL", p)}
+			return "", 0, &rewrite.Error{Code: sqlstate.InvalidParameterValue, Message: fmt.Sprintf("the number of IDs of leaf_next(tag, n) in parameter $%d is NULL", p)}
 		}
 		v, err := bindInt(m.params[p-1], m.format(p-1), types[p-1])
 		if err != nil {
-			return "", 0, &rewrite.Error{Code: rewrite.CodeInvalidParameter,
+			return "", 0, &rewrite.Error{Code: sqlstate.InvalidParameterValue,
 				Message: fmt.Sprintf("the number of IDs of leaf_next(tag, n) in parameter $%d: %v", p, err)}
 		}
 		n = v
@@ -226,7 +227,7 @@ func (c *conn) parseBatch(name string, plan *rewrite.Plan, oids []byte, mat *loc
 	b := plan.Batch
 	types, _ := batchParamTypes(b, plan.MaxParam, oids)
 	if len(types)+1 > 65535 {
-		return c.refuseExtended(&rewrite.Error{Code: codeProgramLimitExceeded, Message: "too many parameters with the hidden leaf ID parameter"}, name == "")
+		return c.refuseExtended(&rewrite.Error{Code: sqlstate.ProgramLimitExceeded, Message: "too many parameters with the hidden leaf ID parameter"}, name == "")
 	}
 	out := append(s.outBuf[:0], name...)
 	out = append(out, 0)
@@ -251,7 +252,7 @@ func (c *conn) bindBatch(st *statement, name string, body []byte) error {
 		return c.forwardExtended('B', body) // the server reports the malformed Bind
 	}
 	if len(m.params) != len(st.params) {
-		return c.refuseExtended(&rewrite.Error{Code: codeProtocolViolation,
+		return c.refuseExtended(&rewrite.Error{Code: sqlstate.ProtocolViolation,
 			Message: fmt.Sprintf("bind message supplies %d parameters, but prepared statement %q requires %d", len(m.params), name, len(st.params))}, false)
 	}
 	tag, n, err := batchArgs(st.batch, st.params, &m)

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 )
 
 // conn is one client connection and, once the client has sent its startup packet, the
@@ -96,11 +98,11 @@ func (c *conn) serve() {
 	params := startupParams(packet)
 	c.log = c.log.WithFields(logrus.Fields{"user": params["user"], "database": params["database"]})
 	if s.inShutdown.Load() {
-		c.refuse(codeCannotConnectNow, "the database system is shutting down")
+		c.refuse(sqlstate.CannotConnectNow, "the database system is shutting down")
 		return
 	}
 	if !s.acquireSession() {
-		c.refuse(codeTooManyConnections, "sorry, too many clients already")
+		c.refuse(sqlstate.TooManyConnections, "sorry, too many clients already")
 		return
 	}
 	if !c.holdSession() {
@@ -111,7 +113,7 @@ func (c *conn) serve() {
 		// addresses only, never credentials), so that a wrong upstream is found from the
 		// client's side too.
 		c.log.WithError(err).Warn("cannot connect to upstream")
-		c.refuseDetail(codeConnectionUnable, "could not connect to the upstream server",
+		c.refuseDetail(sqlstate.ConnectionUnable, "could not connect to the upstream server",
 			fmt.Sprintf("upstream %s: %v", s.Upstream, err))
 		return
 	}
@@ -154,7 +156,7 @@ func (c *conn) negotiate() ([]byte, error) {
 		case code>>16 == protocolMajor3:
 			return packet, nil
 		default:
-			c.refuse(codeFeatureNotSupported, fmt.Sprintf(
+			c.refuse(sqlstate.FeatureNotSupported, fmt.Sprintf(
 				"unsupported frontend protocol %d.%d: server supports 3.0 to 3.2", code>>16, code&0xffff))
 			return nil, fmt.Errorf("unsupported startup code %d", code)
 		}
@@ -290,7 +292,7 @@ func (c *conn) closeIfIdle() {
 	}
 	if c.txStatus.Load() == 'I' && c.pending.Load() == 0 {
 		_ = c.client.SetWriteDeadline(time.Now().Add(time.Second))
-		_, _ = c.cw.Write(fatal(codeAdminShutdown, "terminating connection due to administrator command"))
+		_, _ = c.cw.Write(fatal(sqlstate.AdminShutdown, "terminating connection due to administrator command"))
 		_ = c.cw.Flush()
 		c.cwMu.Unlock()
 		c.close()

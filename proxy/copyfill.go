@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 	"github.com/leafproxy/leafproxy/rewrite"
 )
 
@@ -278,7 +279,7 @@ func (c *conn) failCopy(ci *copyIn, err error) error {
 	c.log.WithError(err).Debug("failing a COPY whose rows get keys")
 	r := errorResponse(err)
 	if errors.Is(err, errCopyFormat) {
-		r = errorResponse(&rewrite.Error{Code: codeBadCopyFormat, Message: err.Error(),
+		r = errorResponse(&rewrite.Error{Code: sqlstate.BadCopyFileFormat, Message: err.Error(),
 			Hint: "COPY … (FORMAT binary) data must be in PostgreSQL's binary COPY format."})
 	}
 	s.mu.Lock()
@@ -300,12 +301,6 @@ func asciiOnly(b []byte) []byte {
 	return b
 }
 
-// SQLSTATEs of a filled COPY that fails.
-const (
-	codeBadCopyFormat = "22P04" // bad_copy_file_format: data the proxy cannot read as binary
-	codeQueryCanceled = "57014" // query_canceled: the server's answer to a CopyFail
-)
-
 // copyFailure returns, for the server's error about a CopyFail the proxy sent, the
 // proxy's own error that says why: an ID source's SQLSTATE (42704, 55000, 58000) or
 // 22P04, rather than the server's 57014.
@@ -314,7 +309,7 @@ func (c *conn) copyFailure(body []byte) *refusal {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cy := s.headLocked()
-	if cy == nil || cy.copyFailure.msg == nil || !bytes.Equal(errorField(body, 'C'), []byte(codeQueryCanceled)) {
+	if cy == nil || cy.copyFailure.msg == nil || !bytes.Equal(errorField(body, fieldCode), []byte(sqlstate.QueryCanceled)) {
 		return nil
 	}
 	r := cy.copyFailure

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 	"github.com/leafproxy/leafproxy/rewrite"
 )
 
@@ -19,11 +20,11 @@ func (c *conn) bindDecode(d *rewrite.Decode, body []byte) error {
 	}
 	v := m.params[d.Param-1]
 	if v == nil {
-		return c.refuseExtended(&rewrite.Error{Code: rewrite.CodeInvalidParameter,
+		return c.refuseExtended(&rewrite.Error{Code: sqlstate.InvalidParameterValue,
 			Message: fmt.Sprintf("the ID passed to leaf_decode() in parameter $%d is NULL", d.Param)}, false)
 	}
 	if id, err := bindInt(v, m.format(d.Param-1), 0); err == nil && id < 0 {
-		return c.refuseExtended(&rewrite.Error{Code: rewrite.CodeInvalidParameter,
+		return c.refuseExtended(&rewrite.Error{Code: sqlstate.InvalidParameterValue,
 			Message: fmt.Sprintf("%d is not a snowflake ID: IDs are not negative", id)}, false)
 	}
 	return c.forwardExtended('B', body)
@@ -180,7 +181,7 @@ func decodeArg(d *rewrite.Decode, types []uint32, m *bindMessage) (id int64, ok 
 	}
 	v := m.params[d.Param-1]
 	if v == nil {
-		return 0, true, &rewrite.Error{Code: rewrite.CodeInvalidParameter,
+		return 0, true, &rewrite.Error{Code: sqlstate.InvalidParameterValue,
 			Message: fmt.Sprintf("the ID passed to leaf_decode() in parameter $%d is NULL", d.Param)}
 	}
 	switch t := types[d.Param-1]; {
@@ -196,7 +197,7 @@ func decodeArg(d *rewrite.Decode, types []uint32, m *bindMessage) (id int64, ok 
 		return 0, false, nil
 	}
 	if id < 0 {
-		return 0, true, &rewrite.Error{Code: rewrite.CodeInvalidParameter,
+		return 0, true, &rewrite.Error{Code: sqlstate.InvalidParameterValue,
 			Message: fmt.Sprintf("%d is not a snowflake ID: IDs are not negative", id)}
 	}
 	return id, true, nil

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 	"github.com/leafproxy/leafproxy/rewrite"
 )
 
@@ -35,7 +36,7 @@ func (c *conn) handleParse(body []byte, mat *localStatement) error {
 	oids := rest[2:]
 	plan, err := c.plan(query)
 	if err == nil && plan != nil && plan.CopyFill != nil {
-		err = &rewrite.Error{Code: rewrite.CodeNotSupported,
+		err = &rewrite.Error{Code: sqlstate.FeatureNotSupported,
 			Message: "COPY … FROM STDIN whose rows the proxy gives keys is not supported in the extended query protocol",
 			Hint:    "Send the COPY as a simple query, as pgx's CopyFrom and psql do."}
 	}
@@ -100,7 +101,7 @@ func (c *conn) handleParse(body []byte, mat *localStatement) error {
 		return c.forwardParse(out, name)
 	}
 	if params+len(slots) > 65535 {
-		return c.refuseExtended(&rewrite.Error{Code: codeProgramLimitExceeded, Message: "too many parameters with the hidden leaf ID parameters"}, name == "")
+		return c.refuseExtended(&rewrite.Error{Code: sqlstate.ProgramLimitExceeded, Message: "too many parameters with the hidden leaf ID parameters"}, name == "")
 	}
 	out := append(s.outBuf[:0], name...)
 	out = append(out, 0)
@@ -336,10 +337,10 @@ func bindStatement(body []byte) (string, bool) {
 // the same in text and binary format for a text value.
 func bindTag(params [][]byte, p int) (string, error) {
 	if p < 1 || p > len(params) {
-		return "", &rewrite.Error{Code: rewrite.CodeInvalidParameter, Message: fmt.Sprintf("Bind has no parameter $%d for the leaf_next tag", p)}
+		return "", &rewrite.Error{Code: sqlstate.InvalidParameterValue, Message: fmt.Sprintf("Bind has no parameter $%d for the leaf_next tag", p)}
 	}
 	if len(params[p-1]) == 0 {
-		return "", &rewrite.Error{Code: rewrite.CodeInvalidParameter, Message: fmt.Sprintf("the leaf_next tag in parameter $%d is NULL or empty", p)}
+		return "", &rewrite.Error{Code: sqlstate.InvalidParameterValue, Message: fmt.Sprintf("the leaf_next tag in parameter $%d is NULL or empty", p)}
 	}
 	return string(params[p-1]), nil
 }

@@ -376,7 +376,7 @@ func (c *conn) answerLocal(typ byte, body []byte) bool {
 			// A local cycle runs outside a transaction block with nothing outstanding:
 			// an error there changes nothing at the server, so the proxy's answer is
 			// exactly the server's and nothing needs to fail upstream.
-			r := errorResponse(&idError{err})
+			r := errorResponse(err)
 			c.countError(r)
 			lc.out = append(lc.out, r.msg...)
 			lc.failed = true

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 )
 
 // Bounds of a session served by an event loop.
@@ -348,7 +350,7 @@ func (ls *loopSession) process() {
 		ls.teardown()
 		return
 	case ls.upstream.sink.err != nil:
-		c.tellClient(codeConnectionFailure, "server closed the connection unexpectedly")
+		c.tellClient(sqlstate.ConnectionFailure, "server closed the connection unexpectedly")
 		ls.finish()
 		return
 	}
@@ -584,7 +586,7 @@ func (ls *loopSession) requestCloseIfIdle() {
 			return
 		}
 		c.cwMu.Lock()
-		_, _ = c.cw.Write(fatal(codeAdminShutdown, "terminating connection due to administrator command"))
+		_, _ = c.cw.Write(fatal(sqlstate.AdminShutdown, "terminating connection due to administrator command"))
 		c.cwMu.Unlock()
 		ls.finish()
 	})

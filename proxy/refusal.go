@@ -5,6 +5,7 @@ import (
 
 	pg_query "github.com/pganalyze/pg_query_go/v6"
 
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 	"github.com/leafproxy/leafproxy/rewrite"
 )
 
@@ -38,9 +39,6 @@ const (
 	standInSQL    = "SELECT " + standInColumn
 	standInColumn = "leafproxy_refused_statement"
 )
-
-// codeUndefinedColumn is the SQLSTATE the stand-in fails with.
-const codeUndefinedColumn = "42703"
 
 // Stand-in messages. A Parse fails in parse analysis, before the server would store the
 // statement, so the named stand-in never creates one and cannot collide with a statement
@@ -234,8 +232,8 @@ func (c *conn) upstreamError(body []byte) *refusal {
 	cy.refusal = refusal{}
 	// The stand-in's own failure. Any other error at the stand-in (25P02 in a failed
 	// transaction, a cancel, a shutdown) is the server's word and reaches the client.
-	mine := bytes.Equal(errorField(body, 'C'), []byte(codeUndefinedColumn)) &&
-		(cy.standIn != 0 || bytes.Contains(errorField(body, 'M'), []byte(standInColumn)))
+	mine := bytes.Equal(errorField(body, fieldCode), []byte(sqlstate.UndefinedColumn)) &&
+		(cy.standIn != 0 || bytes.Contains(errorField(body, fieldMessage), []byte(standInColumn)))
 	if mine || cy.standIn != 0 {
 		cy.confirmLocked('E') // the server got as far as the stand-in
 	}

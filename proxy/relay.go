@@ -6,6 +6,8 @@ import (
 	"io"
 	"net"
 	"time"
+
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 )
 
 // relay runs an established session: this goroutine carries the client's messages
@@ -73,7 +75,7 @@ func (c *conn) clientStep() (done bool, err error) {
 	if err != nil {
 		var we writeError
 		if errors.As(err, &we) {
-			c.tellClient(codeConnectionFailure, "server closed the connection unexpectedly")
+			c.tellClient(sqlstate.ConnectionFailure, "server closed the connection unexpectedly")
 		}
 		return true, err
 	}
@@ -110,10 +112,10 @@ func (c *conn) clientReadFailed(err error) error {
 	}
 	switch {
 	case errors.Is(err, errMessageTooLarge):
-		c.tellClient(codeProgramLimitExceeded, err.Error())
+		c.tellClient(sqlstate.ProgramLimitExceeded, err.Error())
 		c.drainClient()
 	case !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, net.ErrClosed) && !isNetError(err):
-		c.tellClient(codeProtocolViolation, err.Error())
+		c.tellClient(sqlstate.ProtocolViolation, err.Error())
 		c.drainClient()
 	}
 	return err
@@ -237,11 +239,11 @@ func (c *conn) upstreamReadFailed(err error) error {
 		return nil
 	}
 	if errors.Is(err, errMessageTooLarge) {
-		c.tellClient(codeProgramLimitExceeded, "the server sent a message larger than the proxy's limit: "+err.Error())
+		c.tellClient(sqlstate.ProgramLimitExceeded, "the server sent a message larger than the proxy's limit: "+err.Error())
 		return err
 	}
 	c.log.WithError(err).Info("upstream connection lost")
-	c.tellClient(codeConnectionFailure, "server closed the connection unexpectedly")
+	c.tellClient(sqlstate.ConnectionFailure, "server closed the connection unexpectedly")
 	return err
 }
 

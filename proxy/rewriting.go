@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
+
 	"github.com/leafproxy/leafproxy/rewrite"
 )
 
@@ -222,7 +224,7 @@ func (c *conn) forwardQuery(body []byte) error {
 
 // noParams is the tag lookup of a simple Query, which has no parameters.
 func noParams(param int) (string, error) {
-	return "", &rewrite.Error{Code: "42P02", Message: fmt.Sprintf("there is no parameter $%d", param)}
+	return "", &rewrite.Error{Code: sqlstate.UndefinedParameter, Message: fmt.Sprintf("there is no parameter $%d", param)}
 }
 
 // planIDs draws one ID per slot of plan and, for an EXECUTE of a statement with hidden
@@ -260,11 +262,7 @@ func (c *conn) slotID(slot rewrite.Slot, tagOf func(int) (string, error)) (int64
 		}
 		tag = t
 	}
-	id, err := c.nextID(slot, tag)
-	if err != nil {
-		return 0, &idError{err}
-	}
-	return id, nil
+	return c.nextID(slot, tag)
 }
 
 // applySQLEffectsLocked records what a SQL-level PREPARE or DEALLOCATE does to the
@@ -298,11 +296,11 @@ func (c *conn) fastPath(fp *rewrite.FastPath) (bool, error) {
 	if err != nil {
 		if tx != 'I' {
 			// Inside a transaction block the error must fail the server's transaction.
-			return true, c.refuseQuery(&idError{err}, "", planRefused)
+			return true, c.refuseQuery(err, "", planRefused)
 		}
 		// Outside a block a failed Query changes nothing at the server, and with nothing
 		// outstanding the status is current: the proxy's answer is exactly the server's.
-		r := errorResponse(&idError{err})
+		r := errorResponse(err)
 		c.countError(r)
 		c.cwMu.Lock()
 		defer c.cwMu.Unlock()

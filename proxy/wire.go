@@ -197,19 +197,8 @@ func readStartupPacket(r io.Reader) ([]byte, error) {
 	return p, nil
 }
 
-// Error severities and SQLSTATE codes the proxy itself reports.
-const (
-	codeConnectionFailure    = "08006" // connection_failure
-	codeConnectionUnable     = "08001" // sqlclient_unable_to_establish_sqlconnection
-	codeProtocolViolation    = "08P01" // protocol_violation
-	codeInvalidAuthorization = "28000" // invalid_authorization_specification
-	codeTooManyConnections   = "53300" // too_many_connections
-	codeCannotConnectNow     = "57P03" // cannot_connect_now
-	codeAdminShutdown        = "57P01" // admin_shutdown
-	codeFeatureNotSupported  = "0A000" // feature_not_supported
-	codeProgramLimitExceeded = "54000" // program_limit_exceeded
-	severityFatal            = "FATAL"
-)
+// severityFatal is the severity of an error that ends the session.
+const severityFatal = "FATAL"
 
 // fatal encodes a FATAL ErrorResponse.
 func fatal(code, message string) []byte { return fatalDetail(code, message, "") }

@@ -27,6 +27,7 @@ import (
 	"github.com/leafproxy/leafproxy/internal/health"
 	"github.com/leafproxy/leafproxy/internal/httpapi"
 	"github.com/leafproxy/leafproxy/internal/metrics"
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 	"github.com/leafproxy/leafproxy/migrations"
 	"github.com/leafproxy/leafproxy/proxy"
 	"github.com/leafproxy/leafproxy/rewrite"
@@ -71,7 +72,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 // withSchemaHint adds what to do when the store lacks the Leaf tables.
 func withSchemaHint(err error) error {
 	var pg *pgconn.PgError
-	if errors.As(err, &pg) && pg.Code == "42P01" {
+	if errors.As(err, &pg) && pg.Code == sqlstate.UndefinedTable {
 		return fmt.Errorf("%w (the store has no Leaf schema: run `leafproxy migrate up --dsn URL`, or set migrate-on-start)", err)
 	}
 	return err

@@ -26,7 +26,7 @@ func (c *conn) authenticate() error {
 			return c.upstreamStartupFailed(err)
 		}
 		switch typ {
-		case 'R':
+		case serverAuthentication:
 			body, err := c.ur.readBody(n)
 			if err != nil {
 				return c.upstreamStartupFailed(err)
@@ -38,7 +38,7 @@ func (c *conn) authenticate() error {
 			if code == pgproto3.AuthTypeSASL && !c.channelBindingPasses() {
 				body = withoutMechanism(body, mechanismSCRAMPlus)
 			}
-			if err := c.writeClient('R', body); err != nil {
+			if err := c.writeClient(serverAuthentication, body); err != nil {
 				return err
 			}
 			if err := c.cw.Flush(); err != nil {
@@ -49,7 +49,7 @@ func (c *conn) authenticate() error {
 					return err
 				}
 			}
-		case 'K':
+		case serverBackendKeyData:
 			body, err := c.ur.readBody(n)
 			if err != nil {
 				return c.upstreamStartupFailed(err)
@@ -58,16 +58,16 @@ func (c *conn) authenticate() error {
 				return fmt.Errorf("BackendKeyData of %d bytes", len(body))
 			}
 			c.setCancelKey(string(body))
-			if err := c.writeClient('K', body); err != nil {
+			if err := c.writeClient(serverBackendKeyData, body); err != nil {
 				return err
 			}
-		case 'E':
+		case serverErrorResponse:
 			if err := c.relayRaw(typ, n); err != nil {
 				return err
 			}
 			_ = c.cw.Flush()
 			return errStartupRefused
-		case 'Z':
+		case serverReadyForQuery:
 			body, err := c.ur.readBody(n)
 			if err != nil {
 				return c.upstreamStartupFailed(err)
@@ -75,7 +75,7 @@ func (c *conn) authenticate() error {
 			if len(body) != 1 {
 				return fmt.Errorf("ReadyForQuery of %d bytes", len(body))
 			}
-			if err := c.writeClient('Z', body); err != nil {
+			if err := c.writeClient(serverReadyForQuery, body); err != nil {
 				return err
 			}
 			if err := c.cw.Flush(); err != nil {
@@ -84,7 +84,7 @@ func (c *conn) authenticate() error {
 			// Published last: from here on Shutdown may write to the client.
 			c.txStatus.Store(uint32(body[0]))
 			return nil
-		case 'S': // ParameterStatus
+		case serverParameterStatus:
 			body, err := c.ur.readBody(n)
 			if err != nil {
 				return c.upstreamStartupFailed(err)
@@ -244,7 +244,7 @@ func (c *conn) relaySASLInitialResponse(n int) error {
 		_ = c.cw.Flush()
 		return errors.New("client asked for SCRAM channel binding, which cannot pass through the proxy")
 	}
-	if err := c.writeUpstream('p', body); err != nil {
+	if err := c.writeUpstream(clientPassword, body); err != nil {
 		return err
 	}
 	return c.uw.Flush()

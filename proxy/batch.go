@@ -56,7 +56,7 @@ func (c *conn) onBatchQuery(b *rewrite.Batch) error {
 	idle := len(s.queue) == 0 && s.cur == nil
 	s.mu.Unlock()
 	tx := c.txStatus.Load()
-	local := idle && c.pending.Load() == 0 && tx != 'E'
+	local := idle && c.pending.Load() == 0 && tx != txFailed
 	var ids []int64
 	var err error
 	switch {
@@ -68,7 +68,7 @@ func (c *conn) onBatchQuery(b *rewrite.Batch) error {
 		ids, err = c.batchIDs(b.Tag, b.Count)
 	}
 	if err != nil {
-		if !local || tx != 'I' {
+		if !local || tx != txIdle {
 			return c.refuseQuery(err, "", planRefused)
 		}
 		// Outside a block with nothing outstanding the proxy's answer is the server's.
@@ -96,7 +96,7 @@ func (c *conn) onBatchQuery(b *rewrite.Batch) error {
 	s.mu.Unlock()
 	c.pending.Add(1)
 	c.rewritten("query")
-	return c.send('Q', out)
+	return c.send(clientQuery, out)
 }
 
 // appendBatchRows appends one DataRow per ID.
@@ -249,7 +249,7 @@ func (c *conn) bindBatch(st *statement, name string, body []byte) error {
 	s := &c.sess
 	m, _, ok := parseBind(body)
 	if !ok || (len(m.formats) > 1 && len(m.formats) != len(m.params)) {
-		return c.forwardExtended('B', body) // the server reports the malformed Bind
+		return c.forwardExtended(clientBind, body) // the server reports the malformed Bind
 	}
 	if len(m.params) != len(st.params) {
 		return c.refuseExtended(&rewrite.Error{Code: sqlstate.ProtocolViolation,
@@ -283,7 +283,7 @@ func (c *conn) bindBatch(st *statement, name string, body []byte) error {
 	out = appendInt8Array(out, ids, len(m.formats) == 1 && m.formats[0] == 1)
 	out = append(out, m.results...)
 	s.outBuf = keepSmall(out)
-	return c.forwardExtended('B', out)
+	return c.forwardExtended(clientBind, out)
 }
 
 // bindLocalBatch draws the IDs of a local batch portal at Bind, where the server path
@@ -318,7 +318,7 @@ func (c *conn) executeLocalBatch(lc *localCycle, p *localPortal, maxRows int32) 
 	if maxRows > 0 && int(maxRows) <= len(rows) {
 		lc.out = appendBatchRows(lc.out, rows[:maxRows], p.binary)
 		p.sent += int(maxRows)
-		lc.out = append(lc.out, 's', 0, 0, 0, 4)
+		lc.out = appendEmpty(lc.out, serverPortalSuspended)
 		return
 	}
 	lc.out = appendBatchRows(lc.out, rows, p.binary)

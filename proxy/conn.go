@@ -45,7 +45,7 @@ type conn struct {
 	idWait    context.CancelCauseFunc // ends the wait for an ID in progress (see nextID); under mu
 
 	// Protocol state shared by the two relay goroutines.
-	txStatus atomic.Uint32 // last ReadyForQuery status: 'I', 'T' or 'E'; 0 before the first
+	txStatus atomic.Uint32 // last ReadyForQuery status: txIdle, txInBlock or txFailed; 0 before the first
 	pending  atomic.Int64  // ReadyForQuery messages the client still awaits
 	told     atomic.Bool   // the proxy has sent the client its own final error
 	// unsafeEncoding is set while the session's client_encoding (as the server last
@@ -147,7 +147,7 @@ func (c *conn) negotiate() ([]byte, error) {
 			}
 		case code == gssEncRequestCode && len(packet) == 8:
 			// GSSAPI encryption cannot be terminated by a proxy; the client falls back.
-			if _, err := c.client.Write([]byte{'N'}); err != nil {
+			if _, err := c.client.Write([]byte{sslRefused}); err != nil {
 				return nil, err
 			}
 		case code == cancelRequestCode && len(packet) >= 16:
@@ -166,10 +166,10 @@ func (c *conn) negotiate() ([]byte, error) {
 func (c *conn) startClientTLS() error {
 	cfg := c.srv.TLSConfig
 	if cfg == nil || (len(cfg.Certificates) == 0 && cfg.GetCertificate == nil && cfg.GetConfigForClient == nil) {
-		_, err := c.client.Write([]byte{'N'})
+		_, err := c.client.Write([]byte{sslRefused})
 		return err
 	}
-	if _, err := c.client.Write([]byte{'S'}); err != nil {
+	if _, err := c.client.Write([]byte{sslAccepted}); err != nil {
 		return err
 	}
 	tc := tls.Server(&tlsTransport{Conn: c.client}, cfg)
@@ -284,13 +284,13 @@ func (c *conn) closeIfIdle() {
 		ls.requestCloseIfIdle()
 		return
 	}
-	if c.txStatus.Load() != 'I' || c.pending.Load() != 0 {
+	if c.txStatus.Load() != txIdle || c.pending.Load() != 0 {
 		return
 	}
 	if !c.cwMu.TryLock() {
 		return // a response is being relayed right now: not idle
 	}
-	if c.txStatus.Load() == 'I' && c.pending.Load() == 0 {
+	if c.txStatus.Load() == txIdle && c.pending.Load() == 0 {
 		_ = c.client.SetWriteDeadline(time.Now().Add(time.Second))
 		_, _ = c.cw.Write(fatal(sqlstate.AdminShutdown, "terminating connection due to administrator command"))
 		_ = c.cw.Flush()

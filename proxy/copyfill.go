@@ -211,7 +211,7 @@ func (c *conn) onCopyIn(ci *copyIn, typ byte, n int) error {
 		return err
 	}
 	s := &c.sess
-	if ci.text && !ci.checked && !ci.failed && typ != 'f' {
+	if ci.text && !ci.checked && !ci.failed && typ != clientCopyFail {
 		// The client sends data once it has the CopyInResponse, which the server sent
 		// after the ParameterStatus of any client_encoding change before the COPY: the
 		// encoding is known now, also when the COPY was pipelined behind the change.
@@ -220,19 +220,19 @@ func (c *conn) onCopyIn(ci *copyIn, typ byte, n int) error {
 			if err := c.failCopy(ci, errUnsafeEncoding()); err != nil {
 				return err
 			}
-			if typ != 'd' {
+			if typ != clientCopyData {
 				c.endCopyIn(ci)
 			}
 			return nil
 		}
 	}
-	if typ == 'c' && !ci.failed {
+	if typ == clientCopyDone && !ci.failed {
 		// CopyDone: a last row without a line end gets its keys first.
 		out, err := ci.filler.finish(s.outBuf[:0])
 		if err != nil {
 			err = c.failCopy(ci, err)
 		} else if len(out) > 0 {
-			err = c.send('d', out)
+			err = c.send(clientCopyData, out)
 			s.outBuf = keepSmall(out)
 		}
 		if err != nil || ci.failed {
@@ -240,7 +240,7 @@ func (c *conn) onCopyIn(ci *copyIn, typ byte, n int) error {
 			return err
 		}
 	}
-	if typ != 'd' {
+	if typ != clientCopyData {
 		c.endCopyIn(ci)
 		if ci.failed {
 			return nil // the server has left the COPY already
@@ -258,7 +258,7 @@ func (c *conn) onCopyIn(ci *copyIn, typ byte, n int) error {
 	if len(out) == 0 {
 		return nil
 	}
-	return c.send('d', out)
+	return c.send(clientCopyData, out)
 }
 
 // endCopyIn ends the session's filled COPY ci.
@@ -287,7 +287,7 @@ func (c *conn) failCopy(ci *copyIn, err error) error {
 		ci.cy.copyFailure = r
 	}
 	s.mu.Unlock()
-	return c.send('f', append(asciiOnly([]byte("leafproxy: "+err.Error())), 0))
+	return c.send(clientCopyFail, append(asciiOnly([]byte("leafproxy: "+err.Error())), 0))
 }
 
 // asciiOnly replaces the bytes of b outside printable ASCII by '?': the server converts a

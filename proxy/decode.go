@@ -16,7 +16,7 @@ import (
 func (c *conn) bindDecode(d *rewrite.Decode, body []byte) error {
 	m, _, ok := parseBind(body)
 	if !ok || d.Param > len(m.params) || (len(m.formats) > 1 && len(m.formats) != len(m.params)) {
-		return c.forwardExtended('B', body) // the server reports the malformed Bind
+		return c.forwardExtended(clientBind, body) // the server reports the malformed Bind
 	}
 	v := m.params[d.Param-1]
 	if v == nil {
@@ -27,7 +27,7 @@ func (c *conn) bindDecode(d *rewrite.Decode, body []byte) error {
 		return c.refuseExtended(&rewrite.Error{Code: sqlstate.InvalidParameterValue,
 			Message: fmt.Sprintf("%d is not a snowflake ID: IDs are not negative", id)}, false)
 	}
-	return c.forwardExtended('B', body)
+	return c.forwardExtended(clientBind, body)
 }
 
 // SELECT leaf_decode(id) is answered by the proxy itself where it answers the single
@@ -67,7 +67,7 @@ func (c *conn) decodeRow(b []byte, d *rewrite.Decode, id int64, binaryFormat boo
 		}
 		ts = appendISOTimestamptz(nil, time.UnixMilli(millis).In(tf.loc))
 	}
-	b = append(b, 'D')
+	b = append(b, serverDataRow)
 	at := len(b)
 	b = append(b, 0, 0, 0, 0, 0, 3)
 	b = binary.BigEndian.AppendUint32(b, uint32(len(ts)))
@@ -108,7 +108,7 @@ func appendISOTimestamptz(b []byte, t time.Time) []byte {
 
 // appendDecodeDescription appends leaf_decode's RowDescription.
 func appendDecodeDescription(b []byte, binaryFormat bool) []byte {
-	b = append(b, 'T')
+	b = append(b, serverRowDescription)
 	at := len(b)
 	b = append(b, 0, 0, 0, 0, 0, 3)
 	format := uint16(0)
@@ -137,7 +137,7 @@ func (c *conn) decodeQuery(d *rewrite.Decode) (bool, error) {
 	s.mu.Lock()
 	idle := len(s.queue) == 0 && s.cur == nil
 	s.mu.Unlock()
-	if !idle || c.pending.Load() != 0 || c.txStatus.Load() == 'E' {
+	if !idle || c.pending.Load() != 0 || c.txStatus.Load() == txFailed {
 		return false, nil
 	}
 	out := appendDecodeDescription(s.outBuf[:0], false)

@@ -140,7 +140,7 @@ func (c *conn) sendParse(name string, st *statement, plan *rewrite.Plan, mat *lo
 	s.mu.Lock()
 	cy := s.openLocked()
 	cy.sent++
-	s.setStatementLocked(cy, name, st, '1')
+	s.setStatementLocked(cy, name, st, serverParseComplete)
 	if mat != nil {
 		cy.swallow = append(cy.swallow, cy.sent)
 		s.localStmt = nil
@@ -153,7 +153,7 @@ func (c *conn) sendParse(name string, st *statement, plan *rewrite.Plan, mat *lo
 	if mat == nil {
 		c.rewritten("parse")
 	}
-	return c.send('P', out)
+	return c.send(clientParse, out)
 }
 
 // forwardParse sends a Parse unchanged; the statement it creates has no hidden parameters.
@@ -162,9 +162,9 @@ func (c *conn) forwardParse(body []byte, name string) error {
 	s.mu.Lock()
 	cy := s.openLocked()
 	cy.sent++
-	s.setStatementLocked(cy, name, nil, '1')
+	s.setStatementLocked(cy, name, nil, serverParseComplete)
 	s.mu.Unlock()
-	return c.send('P', body)
+	return c.send(clientParse, body)
 }
 
 // bindMessage is a decoded Bind body; the slices point into the body.
@@ -232,7 +232,7 @@ func (c *conn) onBind(n int) error {
 	if none && s.unnamed() == nil {
 		// No statement has hidden parameters: stream the Bind, however large.
 		s.countSent()
-		if err := writeHeader(c.uw, 'B', n); err != nil {
+		if err := writeHeader(c.uw, clientBind, n); err != nil {
 			return writeError{err}
 		}
 		return c.cr.copyBody(c.uw, n)
@@ -259,7 +259,7 @@ func (c *conn) handleBind(body []byte) error {
 		s.mu.Unlock()
 	}
 	if st == nil {
-		return c.forwardExtended('B', body)
+		return c.forwardExtended(clientBind, body)
 	}
 	if st.batch != nil {
 		return c.bindBatch(st, stmtName, body)
@@ -269,7 +269,7 @@ func (c *conn) handleBind(body []byte) error {
 	}
 	m, _, ok := parseBind(body)
 	if !ok || (len(m.formats) > 1 && len(m.formats) != len(m.params)) {
-		return c.forwardExtended('B', body) // the server reports the malformed Bind
+		return c.forwardExtended(clientBind, body) // the server reports the malformed Bind
 	}
 	ids := s.idsBuf[:0]
 	for _, slot := range st.slots {
@@ -320,7 +320,7 @@ func (c *conn) handleBind(body []byte) error {
 	}
 	out = append(out, m.results...)
 	s.outBuf = keepSmall(out)
-	return c.forwardExtended('B', out)
+	return c.forwardExtended(clientBind, out)
 }
 
 // bindStatement returns the statement name of a Bind body.

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"encoding/binary"
-	"strconv"
 
 	"github.com/leafproxy/leafproxy/rewrite"
 )
@@ -107,17 +106,17 @@ func (c *conn) fromClientLocal(typ byte, n int) (bool, error) {
 	case lc.failed:
 		// After an error the server ignores everything up to Sync; so does the proxy.
 		switch typ {
-		case 'S':
+		case clientSync:
 			if _, err := c.cr.br.Discard(n); err != nil {
 				return true, unexpected(err)
 			}
 			return true, c.finishLocal()
-		case 'H':
+		case clientFlush:
 			if _, err := c.cr.br.Discard(n); err != nil {
 				return true, unexpected(err)
 			}
 			return true, c.flushLocal()
-		case 'X':
+		case clientTerminate:
 			return false, nil
 		}
 		_, err := c.cr.br.Discard(n)
@@ -126,7 +125,7 @@ func (c *conn) fromClientLocal(typ byte, n int) (bool, error) {
 		if err := c.replayLocal(); err != nil {
 			return true, err
 		}
-		if s.skip && typ != 'H' && typ != 'X' {
+		if s.skip && typ != clientFlush && typ != clientTerminate {
 			// The replay ended in a refusal: discarded up to Sync.
 			_, err := c.cr.br.Discard(n)
 			return true, unexpected(err)
@@ -138,7 +137,7 @@ func (c *conn) fromClientLocal(typ byte, n int) (bool, error) {
 		return true, err
 	}
 	if c.answerLocal(typ, body) {
-		if typ == 'S' {
+		if typ == clientSync {
 			return true, c.finishLocal()
 		}
 		lc := s.local
@@ -154,7 +153,7 @@ func (c *conn) fromClientLocal(typ byte, n int) (bool, error) {
 	}
 	if s.skip {
 		// The replay ended in a refusal: the messages up to Sync are discarded.
-		if typ != 'S' {
+		if typ != clientSync {
 			return true, nil
 		}
 		s.skip = false
@@ -164,7 +163,7 @@ func (c *conn) fromClientLocal(typ byte, n int) (bool, error) {
 
 func isLocalType(typ byte) bool {
 	switch typ {
-	case 'P', 'B', 'D', 'E', 'C', 'S':
+	case clientParse, clientBind, clientDescribe, clientExecute, clientClose, clientSync:
 		return true
 	}
 	return false
@@ -175,12 +174,12 @@ func isLocalType(typ byte) bool {
 // a fast-path statement.
 func (c *conn) mayStartLocal(typ byte, n int) bool {
 	s := &c.sess
-	if n > maxLocalMessage || c.pending.Load() != 0 || c.txStatus.Load() != 'I' {
+	if n > maxLocalMessage || c.pending.Load() != 0 || c.txStatus.Load() != txIdle {
 		return false
 	}
 	switch typ {
-	case 'P':
-	case 'B', 'D', 'C':
+	case clientParse:
+	case clientBind, clientDescribe, clientClose:
 		if s.unnamed() != nil {
 			break
 		}
@@ -236,7 +235,7 @@ func (s *sessionState) localOf(name string) (localQuery, bool) {
 func (c *conn) answerLocal(typ byte, body []byte) bool {
 	s := &c.sess
 	switch typ {
-	case 'P':
+	case clientParse:
 		// Only the unnamed statement; parameter types only for a batch.
 		if len(body) < 1 || body[0] != 0 {
 			return false
@@ -270,8 +269,8 @@ func (c *conn) answerLocal(typ byte, body []byte) bool {
 		}
 		lc := s.begin()
 		s.setUnnamed(&localStatement{localQuery: q, parse: append([]byte(nil), body...)})
-		lc.out = append(lc.out, '1', 0, 0, 0, 4)
-	case 'B':
+		lc.out = appendEmpty(lc.out, serverParseComplete)
+	case clientBind:
 		m, stmt, ok := parseBind(body)
 		if !ok || string(m.head[:1]) != "\x00" || (len(m.formats) > 1 && len(m.formats) != len(m.params)) {
 			return false
@@ -314,8 +313,8 @@ func (c *conn) answerLocal(typ byte, body []byte) bool {
 			break
 		}
 		lc.portal = &lc.store
-		lc.out = append(lc.out, '2', 0, 0, 0, 4)
-	case 'D':
+		lc.out = appendEmpty(lc.out, serverBindComplete)
+	case clientDescribe:
 		if len(body) < 2 {
 			return false
 		}
@@ -324,7 +323,7 @@ func (c *conn) answerLocal(typ byte, body []byte) bool {
 			return false
 		}
 		switch body[0] {
-		case 'S':
+		case targetStatement:
 			q, ok := s.localOf(name)
 			if !ok {
 				return false
@@ -332,7 +331,7 @@ func (c *conn) answerLocal(typ byte, body []byte) bool {
 			lc := s.begin()
 			lc.out = appendParameterDescription(lc.out, q.params)
 			lc.out = q.appendDescription(lc.out, false)
-		case 'P':
+		case targetPortal:
 			if name != "" || s.local == nil || s.local.portal == nil {
 				return false
 			}
@@ -341,7 +340,7 @@ func (c *conn) answerLocal(typ byte, body []byte) bool {
 		default:
 			return false
 		}
-	case 'E':
+	case clientExecute:
 		if len(body) != 5 || body[0] != 0 || s.local == nil || s.local.portal == nil {
 			return false
 		}
@@ -360,7 +359,7 @@ func (c *conn) answerLocal(typ byte, body []byte) bool {
 			c.rewritten("fast_path")
 			lc.out = append(lc.out, p.row...)
 			if maxRows := int32(binary.BigEndian.Uint32(body[1:])); maxRows == 1 {
-				lc.out = append(lc.out, 's', 0, 0, 0, 4)
+				lc.out = appendEmpty(lc.out, serverPortalSuspended)
 			} else {
 				lc.out = appendCommandComplete(lc.out, "SELECT 1")
 			}
@@ -388,32 +387,32 @@ func (c *conn) answerLocal(typ byte, body []byte) bool {
 		if maxRows := int32(binary.BigEndian.Uint32(body[1:])); maxRows == 1 {
 			// The row filled the fetch: the server does not yet know the portal is
 			// exhausted and suspends it.
-			lc.out = append(lc.out, 's', 0, 0, 0, 4)
+			lc.out = appendEmpty(lc.out, serverPortalSuspended)
 		} else {
 			lc.out = appendCommandComplete(lc.out, "SELECT 1")
 		}
-	case 'C':
+	case clientClose:
 		if len(body) != 2 || body[1] != 0 {
 			return false
 		}
 		switch body[0] {
-		case 'S':
+		case targetStatement:
 			if s.unnamed() == nil {
 				return false // the server's unnamed statement
 			}
 			lc := s.begin()
 			s.setUnnamed(nil)
-			lc.out = append(lc.out, '3', 0, 0, 0, 4)
-		case 'P':
+			lc.out = appendEmpty(lc.out, serverCloseComplete)
+		case targetPortal:
 			if s.local == nil || s.local.portal == nil {
 				return false
 			}
 			s.local.portal = nil
-			s.local.out = append(s.local.out, '3', 0, 0, 0, 4)
+			s.local.out = appendEmpty(s.local.out, serverCloseComplete)
 		default:
 			return false
 		}
-	case 'S':
+	case clientSync:
 		return s.local != nil && len(body) == 0
 	default:
 		return false
@@ -478,17 +477,17 @@ func (c *conn) replayLocal() error {
 // dispatch handles an extended-protocol message whose body has been read, upstream.
 func (c *conn) dispatch(typ byte, body []byte) error {
 	switch typ {
-	case 'P':
+	case clientParse:
 		return c.handleParse(body, nil)
-	case 'B':
+	case clientBind:
 		return c.handleBind(body)
-	case 'D':
+	case clientDescribe:
 		return c.handleDescribe(body)
-	case 'C':
+	case clientClose:
 		return c.handleClose(body)
-	case 'E':
-		return c.forwardExtended('E', body)
-	case 'S':
+	case clientExecute:
+		return c.forwardExtended(clientExecute, body)
+	case clientSync:
 		c.closeCycle()
 	}
 	return c.send(typ, body)
@@ -500,55 +499,4 @@ func (c *conn) materialize() error {
 	s := &c.sess
 	st := s.unnamed()
 	return c.handleParse(st.parse, st)
-}
-
-// appendParameterDescription appends a ParameterDescription of the given types.
-func appendParameterDescription(b []byte, types []uint32) []byte {
-	b = append(b, 't')
-	b = binary.BigEndian.AppendUint32(b, uint32(4+2+4*len(types)))
-	b = binary.BigEndian.AppendUint16(b, uint16(len(types)))
-	for _, t := range types {
-		b = binary.BigEndian.AppendUint32(b, t)
-	}
-	return b
-}
-
-// appendRowDescription appends the RowDescription PostgreSQL sends for the rewritten
-// fast-path statement: one int8 column.
-func appendRowDescription(b []byte, column string, binaryFormat bool) []byte {
-	b = append(b, 'T')
-	b = binary.BigEndian.AppendUint32(b, uint32(4+2+len(column)+1+18))
-	b = binary.BigEndian.AppendUint16(b, 1)
-	b = append(b, column...)
-	b = append(b, 0)
-	b = binary.BigEndian.AppendUint32(b, 0) // table OID
-	b = binary.BigEndian.AppendUint16(b, 0) // column number
-	b = binary.BigEndian.AppendUint32(b, oidInt8)
-	b = binary.BigEndian.AppendUint16(b, 8)          // typlen
-	b = binary.BigEndian.AppendUint32(b, 0xffffffff) // typmod -1
-	format := uint16(0)
-	if binaryFormat {
-		format = 1
-	}
-	return binary.BigEndian.AppendUint16(b, format)
-}
-
-func appendDataRow(b []byte, id int64, binaryFormat bool) []byte {
-	var digits [20]byte
-	value := strconv.AppendInt(digits[:0], id, 10)
-	if binaryFormat {
-		value = binary.BigEndian.AppendUint64(digits[:0], uint64(id))
-	}
-	b = append(b, 'D')
-	b = binary.BigEndian.AppendUint32(b, uint32(4+2+4+len(value)))
-	b = binary.BigEndian.AppendUint16(b, 1)
-	b = binary.BigEndian.AppendUint32(b, uint32(len(value)))
-	return append(b, value...)
-}
-
-func appendCommandComplete(b []byte, tag string) []byte {
-	b = append(b, 'C')
-	b = binary.BigEndian.AppendUint32(b, uint32(4+len(tag)+1))
-	b = append(b, tag...)
-	return append(b, 0)
 }

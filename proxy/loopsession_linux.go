@@ -396,7 +396,7 @@ func (ls *loopSession) whole(r *msgReader, in *endReader) (ready, tooLarge bool)
 func (ls *loopSession) startStream() bool {
 	c := ls.c
 	typ, n, err := c.ur.peekHeader()
-	if err != nil || (typ != 'D' && typ != 'd') {
+	if err != nil || (typ != serverDataRow && typ != serverCopyData) {
 		return false
 	}
 	_, _ = c.ur.br.Discard(5)
@@ -582,7 +582,7 @@ func (ls *loopSession) startDrain() { ls.draining = true }
 func (ls *loopSession) requestCloseIfIdle() {
 	ls.loop.post(func() {
 		c := ls.c
-		if ls.dead || ls.detached || ls.finishing || c.txStatus.Load() != 'I' || c.pending.Load() != 0 {
+		if ls.dead || ls.detached || ls.finishing || c.txStatus.Load() != txIdle || c.pending.Load() != 0 {
 			return
 		}
 		c.cwMu.Lock()

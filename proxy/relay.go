@@ -67,7 +67,7 @@ func (c *conn) clientStep() (done bool, err error) {
 		return true, c.clientReadFailed(err)
 	}
 	err = c.fromClient(typ, n)
-	if err == nil && (typ == 'X' || c.cr.br.Buffered() == 0) {
+	if err == nil && (typ == clientTerminate || c.cr.br.Buffered() == 0) {
 		if err = c.uw.Flush(); err != nil {
 			err = writeError{err}
 		}
@@ -79,7 +79,7 @@ func (c *conn) clientStep() (done bool, err error) {
 		}
 		return true, err
 	}
-	return typ == 'X', nil
+	return typ == clientTerminate, nil
 }
 
 // fromClient handles one client message whose header has been read. Messages that start
@@ -90,7 +90,7 @@ func (c *conn) fromClient(typ byte, n int) error {
 		return c.fromClientRewriting(typ, n)
 	}
 	switch typ {
-	case 'Q', 'S', 'F':
+	case clientQuery, clientSync, clientFunctionCall:
 		// Query, Sync and FunctionCall are each answered by exactly one ReadyForQuery,
 		// whatever happens in between (errors included).
 		c.pending.Add(1)
@@ -106,7 +106,7 @@ func (c *conn) fromClient(typ byte, n int) error {
 // backend ends quietly instead of logging an unexpected EOF.
 func (c *conn) clientReadFailed(err error) error {
 	if errors.Is(err, io.EOF) {
-		_ = writeHeader(c.uw, 'X', 0)
+		_ = writeHeader(c.uw, clientTerminate, 0)
 		_ = c.uw.Flush()
 		return nil
 	}
@@ -208,7 +208,7 @@ func (c *conn) fromUpstream(typ byte, n int) (fatal bool, err error) {
 		return c.fromUpstreamRewriting(typ, n)
 	}
 	switch typ {
-	case 'Z':
+	case serverReadyForQuery:
 		body, err := c.ur.readBody(n)
 		if err != nil {
 			return false, err
@@ -219,7 +219,7 @@ func (c *conn) fromUpstream(typ byte, n int) (fatal bool, err error) {
 		c.txStatus.Store(uint32(body[0]))
 		c.pending.Add(-1)
 		return false, c.writeClient(typ, body)
-	case 'E':
+	case serverErrorResponse:
 		body, err := c.ur.readBody(n)
 		if err != nil {
 			return false, err
@@ -250,9 +250,9 @@ func (c *conn) upstreamReadFailed(err error) error {
 // isFatal reports whether an ErrorResponse body has severity FATAL or PANIC. The
 // unlocalized severity (V) decides when present; S may be translated.
 func isFatal(body []byte) bool {
-	severity := errorField(body, 'V')
+	severity := errorField(body, fieldSeverityUnlocalized)
 	if severity == nil {
-		severity = errorField(body, 'S')
+		severity = errorField(body, fieldSeverity)
 	}
 	s := string(severity)
 	return s == "FATAL" || s == "PANIC"

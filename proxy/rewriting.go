@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/leafproxy/leafproxy/internal/sqlstate"
-
 	"github.com/leafproxy/leafproxy/rewrite"
 )
 
@@ -26,15 +25,15 @@ func (c *conn) fromClientRewriting(typ byte, n int) error {
 		// After a refusal the proxy behaves like the server after an error: everything
 		// up to Sync is discarded (Flush still flushes what came before).
 		switch typ {
-		case 'S':
+		case clientSync:
 			s.skip = false
-		case 'H', 'X':
+		case clientFlush, clientTerminate:
 		default:
 			_, err := c.cr.br.Discard(n)
 			return unexpected(err)
 		}
 	}
-	if typ == 'd' || typ == 'c' || typ == 'f' {
+	if typ == clientCopyData || typ == clientCopyDone || typ == clientCopyFail {
 		s.mu.Lock()
 		ci := s.copyIn
 		s.mu.Unlock()
@@ -46,19 +45,19 @@ func (c *conn) fromClientRewriting(typ byte, n int) error {
 		return err
 	}
 	switch typ {
-	case 'Q':
+	case clientQuery:
 		return c.onQuery(n)
-	case 'P':
+	case clientParse:
 		return c.onParse(n)
-	case 'B':
+	case clientBind:
 		return c.onBind(n)
-	case 'D':
+	case clientDescribe:
 		return c.onDescribe(n)
-	case 'C':
+	case clientClose:
 		return c.onClose(n)
-	case 'E':
+	case clientExecute:
 		s.countSent()
-	case 'S', 'F':
+	case clientSync, clientFunctionCall:
 		c.closeCycle()
 	}
 	if err := writeHeader(c.uw, typ, n); err != nil {
@@ -160,7 +159,7 @@ func (c *conn) onQuery(n int) error {
 	s.mu.Unlock()
 	c.pending.Add(1)
 	c.rewritten("query")
-	return c.send('Q', out)
+	return c.send(clientQuery, out)
 }
 
 // inlinePlanMax is the longest text an event loop plans itself when the rewriter must
@@ -219,7 +218,7 @@ func (c *conn) literal(plan *rewrite.Plan, dst []byte) (out []byte, drawn int, e
 // forwardQuery sends a Query unchanged.
 func (c *conn) forwardQuery(body []byte) error {
 	c.closeCycle()
-	return c.send('Q', body)
+	return c.send(clientQuery, body)
 }
 
 // noParams is the tag lookup of a simple Query, which has no parameters.
@@ -289,12 +288,12 @@ func (c *conn) fastPath(fp *rewrite.FastPath) (bool, error) {
 	idle := len(s.queue) == 0 && s.cur == nil
 	s.mu.Unlock()
 	tx := c.txStatus.Load()
-	if !idle || c.pending.Load() != 0 || tx == 'E' {
+	if !idle || c.pending.Load() != 0 || tx == txFailed {
 		return false, nil
 	}
 	id, err := c.nextID(fp.Slot, "")
 	if err != nil {
-		if tx != 'I' {
+		if tx != txIdle {
 			// Inside a transaction block the error must fail the server's transaction.
 			return true, c.refuseQuery(err, "", planRefused)
 		}
@@ -334,7 +333,7 @@ func (c *conn) writeLocalLocked(msgs []byte) error {
 	if _, err := c.cw.Write(msgs); err != nil {
 		return err
 	}
-	if err := c.writeClient('Z', []byte{byte(c.txStatus.Load())}); err != nil {
+	if err := c.writeClient(serverReadyForQuery, []byte{byte(c.txStatus.Load())}); err != nil {
 		return err
 	}
 	return c.cw.Flush()
@@ -358,7 +357,7 @@ func (c *conn) onDescribe(n int) error {
 
 func (c *conn) handleDescribe(body []byte) error {
 	s := &c.sess
-	if len(body) > 1 && body[0] == 'S' && body[1] == 0 && s.unnamed() != nil {
+	if len(body) > 1 && body[0] == targetStatement && body[1] == 0 && s.unnamed() != nil {
 		if err := c.materialize(); err != nil {
 			return err
 		}
@@ -366,7 +365,7 @@ func (c *conn) handleDescribe(body []byte) error {
 	s.mu.Lock()
 	cy := s.openLocked()
 	cy.sent++
-	if len(body) > 0 && body[0] == 'S' {
+	if len(body) > 0 && body[0] == targetStatement {
 		hidden := 0
 		if name, _, ok := cString(body[1:]); ok {
 			if st := s.statementLocked(name); st != nil {
@@ -376,7 +375,7 @@ func (c *conn) handleDescribe(body []byte) error {
 		cy.describes = append(cy.describes, hidden)
 	}
 	s.mu.Unlock()
-	return c.send('D', body)
+	return c.send(clientDescribe, body)
 }
 
 func (c *conn) onClose(n int) error {
@@ -389,7 +388,7 @@ func (c *conn) onClose(n int) error {
 
 func (c *conn) handleClose(body []byte) error {
 	s := &c.sess
-	if len(body) > 1 && body[0] == 'S' && body[1] == 0 {
+	if len(body) > 1 && body[0] == targetStatement && body[1] == 0 {
 		// The server closes whatever unnamed statement it has; the local one is gone too.
 		s.setUnnamed(nil)
 	}
@@ -397,13 +396,13 @@ func (c *conn) handleClose(body []byte) error {
 	cy := s.openLocked()
 	cy.sent++
 	name, _, ok := cString(body[min(1, len(body)):])
-	if ok && len(body) > 0 && body[0] == 'S' {
-		s.setStatementLocked(cy, name, nil, '3')
+	if ok && len(body) > 0 && body[0] == targetStatement {
+		s.setStatementLocked(cy, name, nil, serverCloseComplete)
 	} else {
-		cy.undo = append(cy.undo, undoEntry{noop: true, confirm: '3'})
+		cy.undo = append(cy.undo, undoEntry{noop: true, confirm: serverCloseComplete})
 	}
 	s.mu.Unlock()
-	return c.send('C', body)
+	return c.send(clientClose, body)
 }
 
 // be16 reads a big-endian int16 count.

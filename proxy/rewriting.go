@@ -4,11 +4,8 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
-	"strconv"
 	"strings"
 	"unsafe"
-
-	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/leafproxy/leafproxy/internal/sqlstate"
 	"github.com/leafproxy/leafproxy/rewrite"
@@ -305,14 +302,9 @@ func (c *conn) fastPath(fp *rewrite.FastPath) (bool, error) {
 		defer c.cwMu.Unlock()
 		return true, c.writeLocalLocked(r.msg)
 	}
-	var digits [20]byte
-	value := strconv.AppendInt(digits[:0], id, 10)
-	out := s.outBuf[:0]
-	out, _ = (&pgproto3.RowDescription{Fields: []pgproto3.FieldDescription{{
-		Name: []byte(fp.Column), DataTypeOID: oidInt8, DataTypeSize: 8, TypeModifier: -1, Format: 0,
-	}}}).Encode(out)
-	out, _ = (&pgproto3.DataRow{Values: [][]byte{value}}).Encode(out)
-	out, _ = (&pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")}).Encode(out)
+	out := appendRowDescription(s.outBuf[:0], fp.Column, false)
+	out = appendDataRow(out, id, false)
+	out = appendCommandComplete(out, "SELECT 1")
 	s.outBuf = keepSmall(out)
 	c.rewritten("fast_path")
 	c.cwMu.Lock()

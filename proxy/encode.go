@@ -3,11 +3,21 @@ package proxy
 import (
 	"encoding/binary"
 	"strconv"
+
+	"github.com/jackc/pgx/v5/pgproto3"
 )
 
 // The server messages the proxy writes itself. On the hot path (the fast path, local
 // cycles) a message is appended to a buffer by one of these functions, without
 // allocating; errors, which are rare, are encoded with pgproto3 (errorResponse, fatal).
+
+// encodeError encodes an ErrorResponse, with the unlocalized severity (field V) the same
+// as the severity.
+func encodeError(msg *pgproto3.ErrorResponse) []byte {
+	msg.SeverityUnlocalized = msg.Severity
+	b, _ := msg.Encode(nil) // cannot fail: no field has a length limit
+	return b
+}
 
 // appendEmpty appends a message that has no body: ParseComplete, BindComplete,
 // CloseComplete, PortalSuspended or NoData.

@@ -154,7 +154,7 @@ func tryNextID(p IDProber, slot rewrite.Slot, tag string) (int64, bool) {
 // their SQLSTATE, hint and position; other errors give their SQLState() when they have
 // one, else 58000, and their Detail() and Hint() when they have them.
 func errorResponse(err error) refusal {
-	msg := &pgproto3.ErrorResponse{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: sqlstate.SystemError, Message: err.Error()}
+	msg := &pgproto3.ErrorResponse{Severity: severityError, Code: sqlstate.SystemError, Message: err.Error()}
 	var re *rewrite.Error
 	var coded interface{ SQLState() string }
 	switch {
@@ -171,8 +171,7 @@ func errorResponse(err error) refusal {
 	if msg.Hint == "" && errors.As(err, &hinted) {
 		msg.Hint = hinted.Hint()
 	}
-	b, _ := msg.Encode(nil)
-	return refusal{msg: b, code: msg.Code}
+	return refusal{msg: encodeError(msg), code: msg.Code}
 }
 
 // countError reports an error the proxy answered a client with itself to the OnError hook.

@@ -255,5 +255,5 @@ func isFatal(body []byte) bool {
 		severity = errorField(body, fieldSeverity)
 	}
 	s := string(severity)
-	return s == "FATAL" || s == "PANIC"
+	return s == severityFatal || s == severityPanic
 }

@@ -197,21 +197,17 @@ func readStartupPacket(r io.Reader) ([]byte, error) {
 	return p, nil
 }
 
-// severityFatal is the severity of an error that ends the session.
-const severityFatal = "FATAL"
+// Severities of the errors the proxy reports or reads.
+const (
+	severityError = "ERROR" // the statement fails, the session goes on
+	severityFatal = "FATAL" // the session ends
+	severityPanic = "PANIC" // the server ends every session (only the server sends it)
+)
 
 // fatal encodes a FATAL ErrorResponse.
 func fatal(code, message string) []byte { return fatalDetail(code, message, "") }
 
 // fatalDetail is fatal with a DETAIL field (empty: none).
 func fatalDetail(code, message, detail string) []byte {
-	msg := &pgproto3.ErrorResponse{
-		Severity:            severityFatal,
-		SeverityUnlocalized: severityFatal,
-		Code:                code,
-		Message:             message,
-		Detail:              detail,
-	}
-	b, _ := msg.Encode(nil) // cannot fail: no field has a length limit
-	return b
+	return encodeError(&pgproto3.ErrorResponse{Severity: severityFatal, Code: code, Message: message, Detail: detail})
 }

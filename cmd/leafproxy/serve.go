@@ -373,10 +373,6 @@ func (a *app) sampleRates(ctx context.Context) {
 // newProxy configures the wire-protocol server from the configuration.
 func (a *app) newProxy() (*proxy.Server, error) {
 	cfg := a.cfg
-	mode, err := proxy.ParseSSLMode(cfg.UpstreamSSLMode)
-	if err != nil {
-		return nil, fmt.Errorf("upstream-sslmode: %w", err)
-	}
 	rw, err := a.newRewriter(a.initialFillRules(context.Background()))
 	if err != nil {
 		return nil, fmt.Errorf("fill: %w", err)
@@ -388,7 +384,7 @@ func (a *app) newProxy() (*proxy.Server, error) {
 		Rewriter:        rw,
 		IDs:             &idSource{router: a.router},
 		Upstream:        cfg.Upstream,
-		UpstreamSSLMode: mode,
+		UpstreamSSLMode: cfg.UpstreamSSL,
 		MaxClientConns:  cfg.MaxClientConns,
 		MaxMessageSize:  cfg.MaxMessageSize,
 		MaxBatch:        cfg.MaxBatch,

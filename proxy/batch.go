@@ -296,10 +296,7 @@ func (c *conn) bindLocalBatch(lc *localCycle, p *localPortal, m *bindMessage) bo
 		ids, err = c.batchIDs(tag, n)
 	}
 	if err != nil {
-		r := errorResponse(err)
-		c.countError(r)
-		lc.out = append(lc.out, r.msg...)
-		lc.failed = true
+		c.failLocal(lc, err)
 		return false
 	}
 	p.ids = append(p.ids, ids...)

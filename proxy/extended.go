@@ -30,96 +30,122 @@ func (c *conn) handleParse(body []byte, mat *localStatement) error {
 		s.setUnnamed(nil) // the server's unnamed statement is replaced
 	}
 	query, rest, ok2 := cStringView(rest) // only planned: c.plan copies what it keeps
-	if !ok1 || !ok2 || len(rest) < 2 || len(rest) != 2+4*be16(rest) || be16(rest) < 0 {
+	if !ok1 || !ok2 || !isParamTypes(rest) {
 		return c.forwardParse(body, name) // malformed: the server reports it
 	}
 	oids := rest[2:]
-	plan, err := c.plan(query)
-	if err == nil && plan != nil && plan.CopyFill != nil {
-		err = &rewrite.Error{Code: sqlstate.FeatureNotSupported,
-			Message: "COPY … FROM STDIN whose rows the proxy gives keys is not supported in the extended query protocol",
-			Hint:    "Send the COPY as a simple query, as pgx's CopyFrom and psql do."}
-	}
+	plan, err := c.planParse(query)
 	if err != nil {
 		return c.refuseExtended(err, name == "")
 	}
-	if plan == nil {
+	switch {
+	case plan == nil:
 		return c.forwardParse(body, name)
-	}
-	if plan.Batch != nil {
+	case plan.Batch != nil:
 		return c.parseBatch(name, plan, oids, mat)
 	}
-	s.mu.Lock()
-	var prepared *statement
-	if plan.Execute != nil {
-		prepared = s.statementLocked(plan.Execute.Name)
+	slots, extra, err := c.hiddenSlots(plan)
+	if err != nil {
+		return c.refuseExtended(err, name == "")
 	}
-	s.mu.Unlock()
-
-	// The hidden parameters: the plan's own slots, then, for an EXECUTE of a statement
-	// with hidden parameters, that statement's (their tags are EXECUTE's literals).
-	slots := plan.Slots
-	extra := 0
-	if plan.Execute != nil && prepared != nil && len(prepared.slots) > 0 {
-		slots = append(make([]rewrite.Slot, 0, len(plan.Slots)+len(prepared.slots)), plan.Slots...)
-		for _, sl := range prepared.slots {
-			if sl.Kind == rewrite.SlotTagParam {
-				tag, err := plan.Execute.Tag(sl.Param)
-				if err != nil {
-					return c.refuseExtended(err, name == "")
-				}
-				sl = rewrite.Slot{Kind: rewrite.SlotTag, Tag: tag}
-			}
-			slots = append(slots, sl)
-		}
-		extra = len(prepared.slots)
-	}
-	clientOIDs := len(oids) / 4
-	params := max(clientOIDs, plan.MaxParam)
-	if plan.Decode != nil && plan.Decode.Param > 0 {
+	params := max(len(oids)/4, plan.MaxParam)
+	switch {
+	case plan.Decode != nil && plan.Decode.Param > 0:
 		// Remembered so that Bind can check the ID (see bindDecode).
-		out := append(s.outBuf[:0], name...)
-		out = append(out, 0)
-		out = plan.AppendParams(out, params+1)
-		out = append(out, 0)
+		out := appendParseText(s.outBuf[:0], name, plan, params, 0)
 		out = append(out, rest...)
 		s.outBuf = keepSmall(out)
 		return c.sendParse(name, &statement{decode: plan.Decode}, plan, mat, out)
-	}
-	if len(slots) == 0 {
+	case len(slots) == 0:
 		// Nothing to fill per execution, but the text may still change (a PREPARE
 		// declares the hidden parameters of the statement it creates).
-		out := append(s.outBuf[:0], name...)
-		out = append(out, 0)
-		out = plan.AppendParams(out, params+1)
-		out = append(out, 0)
+		out := appendParseText(s.outBuf[:0], name, plan, params, 0)
 		out = append(out, rest...)
 		s.outBuf = keepSmall(out)
 		s.mu.Lock()
 		s.applySQLEffectsLocked(s.openLocked(), plan)
 		s.mu.Unlock()
 		return c.forwardParse(out, name)
-	}
-	if params+len(slots) > 65535 {
+	case params+len(slots) > 65535:
 		return c.refuseExtended(&rewrite.Error{Code: sqlstate.ProgramLimitExceeded, Message: "too many parameters with the hidden leaf ID parameters"}, name == "")
 	}
-	out := append(s.outBuf[:0], name...)
+	out := appendParseText(s.outBuf[:0], name, plan, params, extra)
+	out = appendParamTypes(out, oids, params, slots, plan.UnreferencedParams)
+	s.outBuf = keepSmall(out)
+	return c.sendParse(name, &statement{slots: slots, fast: fastStatement(plan, params)}, plan, mat, out)
+}
+
+// isParamTypes reports whether the rest of a Parse body after the text is a well-formed
+// list of parameter types: a count, then as many OIDs.
+func isParamTypes(rest []byte) bool {
+	return len(rest) >= 2 && be16(rest) >= 0 && len(rest) == 2+4*be16(rest)
+}
+
+// planParse plans the text of a Parse, refusing what the extended protocol cannot carry.
+func (c *conn) planParse(query string) (*rewrite.Plan, error) {
+	plan, err := c.plan(query)
+	if err == nil && plan != nil && plan.CopyFill != nil {
+		return nil, &rewrite.Error{Code: sqlstate.FeatureNotSupported,
+			Message: "COPY … FROM STDIN whose rows the proxy gives keys is not supported in the extended query protocol",
+			Hint:    "Send the COPY as a simple query, as pgx's CopyFrom and psql do."}
+	}
+	return plan, err
+}
+
+// hiddenSlots returns the hidden parameters of a planned Parse: the plan's own slots,
+// then, for an EXECUTE of a statement with hidden parameters, that statement's (their
+// tags are EXECUTE's literals), whose number is extra.
+func (c *conn) hiddenSlots(plan *rewrite.Plan) (slots []rewrite.Slot, extra int, err error) {
+	if plan.Execute == nil {
+		return plan.Slots, 0, nil
+	}
+	s := &c.sess
+	s.mu.Lock()
+	prepared := s.statementLocked(plan.Execute.Name)
+	s.mu.Unlock()
+	if prepared == nil || len(prepared.slots) == 0 {
+		return plan.Slots, 0, nil
+	}
+	slots = append(make([]rewrite.Slot, 0, len(plan.Slots)+len(prepared.slots)), plan.Slots...)
+	for _, sl := range prepared.slots {
+		if sl.Kind == rewrite.SlotTagParam {
+			tag, err := plan.Execute.Tag(sl.Param)
+			if err != nil {
+				return nil, 0, err
+			}
+			sl = rewrite.Slot{Kind: rewrite.SlotTag, Tag: tag}
+		}
+		slots = append(slots, sl)
+	}
+	return slots, len(prepared.slots), nil
+}
+
+// appendParseText appends the start of a rewritten Parse body: the statement name and
+// the rewritten text, whose hidden parameters are numbered from params+1 (extra of them
+// belong to the statement an EXECUTE runs).
+func appendParseText(out []byte, name string, plan *rewrite.Plan, params, extra int) []byte {
+	out = append(out, name...)
 	out = append(out, 0)
 	if extra > 0 {
 		out = plan.AppendExecuteParams(out, params+1, extra)
 	} else {
 		out = plan.AppendParams(out, params+1)
 	}
-	out = append(out, 0)
+	return append(out, 0)
+}
+
+// appendParamTypes appends the parameter types of a rewritten Parse: the client's oids
+// padded with zeros (unspecified) up to params, then int8 for each hidden parameter. A
+// parameter in unreferenced only carried a leaf_next tag and is no longer referenced by
+// the rewritten text, so the server could not infer its type: it becomes text.
+func appendParamTypes(out, oids []byte, params int, slots []rewrite.Slot, unreferenced []int) []byte {
 	out = binary.BigEndian.AppendUint16(out, uint16(params+len(slots)))
 	out = append(out, oids...)
-	for i := clientOIDs; i < params; i++ {
+	for i := len(oids) / 4; i < params; i++ {
 		out = binary.BigEndian.AppendUint32(out, 0)
 	}
-	// A parameter that only carried a leaf_next tag is no longer referenced by the
-	// rewritten text, so the server could not infer its type: make it text.
 	typesAt := len(out) - 4*params
-	for _, p := range plan.UnreferencedParams {
+	for _, p := range unreferenced {
 		if p >= 1 && p <= params {
 			at := typesAt + 4*(p-1)
 			if binary.BigEndian.Uint32(out[at:]) == 0 {
@@ -130,8 +156,7 @@ func (c *conn) handleParse(body []byte, mat *localStatement) error {
 	for range slots {
 		out = binary.BigEndian.AppendUint32(out, oidInt8)
 	}
-	s.outBuf = keepSmall(out)
-	return c.sendParse(name, &statement{slots: slots, fast: fastStatement(plan, params)}, plan, mat, out)
+	return out
 }
 
 // sendParse records the statement a rewritten Parse creates and sends the Parse.

@@ -233,187 +233,222 @@ func (s *sessionState) localOf(name string) (localQuery, bool) {
 
 // answerLocal answers one message of a local cycle, reporting false when the proxy cannot.
 func (c *conn) answerLocal(typ byte, body []byte) bool {
-	s := &c.sess
 	switch typ {
 	case clientParse:
-		// Only the unnamed statement; parameter types only for a batch.
-		if len(body) < 1 || body[0] != 0 {
-			return false
-		}
-		query, rest, ok := cStringView(body[1:]) // only planned: c.plan copies what it keeps
-		if !ok || len(rest) < 2 || be16(rest) < 0 || len(rest) != 2+4*be16(rest) {
-			return false
-		}
-		plan, err := c.plan(query)
-		if err != nil || plan == nil {
-			return false
-		}
-		var q localQuery
-		switch {
-		case plan.Batch != nil:
-			types, complete := batchParamTypes(plan.Batch, plan.MaxParam, rest[2:])
-			if !complete {
-				return false // the server refuses it
-			}
-			q = localQuery{batch: plan.Batch, params: types}
-		case plan.Decode != nil:
-			types, complete := decodeParamTypes(plan.Decode, plan.MaxParam, rest[2:])
-			if !complete {
-				return false // the server refuses it
-			}
-			q = localQuery{decode: plan.Decode, params: types}
-		case be16(rest) == 0 && fastStatement(plan, plan.MaxParam) != nil:
-			q = localQuery{fast: plan.FastPath}
-		default:
-			return false
-		}
-		lc := s.begin()
-		s.setUnnamed(&localStatement{localQuery: q, parse: append([]byte(nil), body...)})
-		lc.out = appendEmpty(lc.out, serverParseComplete)
+		return c.answerParse(body)
 	case clientBind:
-		m, stmt, ok := parseBind(body)
-		if !ok || string(m.head[:1]) != "\x00" || (len(m.formats) > 1 && len(m.formats) != len(m.params)) {
+		return c.answerBind(body)
+	case clientDescribe:
+		return c.answerDescribe(body)
+	case clientExecute:
+		return c.answerExecute(body)
+	case clientClose:
+		return c.answerClose(body)
+	case clientSync:
+		return c.sess.local != nil && len(body) == 0
+	}
+	return false
+}
+
+// answerParse answers a Parse of the unnamed statement whose plan the proxy can answer
+// itself (a fast path, a batch or a decoding), creating the local statement.
+func (c *conn) answerParse(body []byte) bool {
+	s := &c.sess
+	// Only the unnamed statement; parameter types only for a batch.
+	if len(body) < 1 || body[0] != 0 {
+		return false
+	}
+	query, rest, ok := cStringView(body[1:]) // only planned: c.plan copies what it keeps
+	if !ok || !isParamTypes(rest) {
+		return false
+	}
+	plan, err := c.plan(query)
+	if err != nil || plan == nil {
+		return false
+	}
+	var q localQuery
+	switch {
+	case plan.Batch != nil:
+		types, complete := batchParamTypes(plan.Batch, plan.MaxParam, rest[2:])
+		if !complete {
+			return false // the server refuses it
+		}
+		q = localQuery{batch: plan.Batch, params: types}
+	case plan.Decode != nil:
+		types, complete := decodeParamTypes(plan.Decode, plan.MaxParam, rest[2:])
+		if !complete {
+			return false // the server refuses it
+		}
+		q = localQuery{decode: plan.Decode, params: types}
+	case be16(rest) == 0 && fastStatement(plan, plan.MaxParam) != nil:
+		q = localQuery{fast: plan.FastPath}
+	default:
+		return false
+	}
+	lc := s.begin()
+	s.setUnnamed(&localStatement{localQuery: q, parse: append([]byte(nil), body...)})
+	lc.out = appendEmpty(lc.out, serverParseComplete)
+	return true
+}
+
+// answerBind answers a Bind of a local statement into the unnamed portal. A batch draws
+// its IDs here, and leaf_decode makes its row, as the server would run them at Bind.
+func (c *conn) answerBind(body []byte) bool {
+	s := &c.sess
+	m, stmt, ok := parseBind(body)
+	if !ok || string(m.head[:1]) != "\x00" || (len(m.formats) > 1 && len(m.formats) != len(m.params)) {
+		return false
+	}
+	binaryResult := false
+	switch results := m.results; {
+	case len(results) == 2 && be16(results) == 0:
+	case len(results) == 4 && be16(results) == 1 && be16(results[2:]) <= 1:
+		binaryResult = be16(results[2:]) == 1
+	default:
+		return false // the server reports what is wrong with it
+	}
+	q, ok := s.localOf(stmt)
+	if !ok || len(m.params) != len(q.params) {
+		return false // the server reports a wrong number of parameters
+	}
+	var row []byte
+	var argErr error
+	if q.decode != nil {
+		id, ok, err := decodeArg(q.decode, q.params, &m)
+		if !ok {
+			return false // the server judges the value
+		}
+		if argErr = err; err == nil {
+			if row, ok = c.decodeRow(nil, q.decode, id, binaryResult); !ok {
+				return false // the server prints the timestamp
+			}
+		}
+	}
+	lc := s.begin()
+	if argErr != nil {
+		c.failLocal(lc, argErr)
+		return true
+	}
+	lc.store = localPortal{localQuery: q, binary: binaryResult, ids: lc.store.ids[:0], row: row}
+	if q.batch != nil && !c.bindLocalBatch(lc, &lc.store, &m) {
+		return true
+	}
+	lc.portal = &lc.store
+	lc.out = appendEmpty(lc.out, serverBindComplete)
+	return true
+}
+
+// answerDescribe answers a Describe of a local statement or of the local portal.
+func (c *conn) answerDescribe(body []byte) bool {
+	s := &c.sess
+	if len(body) < 2 {
+		return false
+	}
+	name, rest, ok := cString(body[1:])
+	if !ok || len(rest) != 0 {
+		return false
+	}
+	switch body[0] {
+	case targetStatement:
+		q, ok := s.localOf(name)
+		if !ok {
 			return false
-		}
-		binaryResult := false
-		switch results := m.results; {
-		case len(results) == 2 && be16(results) == 0:
-		case len(results) == 4 && be16(results) == 1 && be16(results[2:]) <= 1:
-			binaryResult = be16(results[2:]) == 1
-		default:
-			return false // the server reports what is wrong with it
-		}
-		q, ok := s.localOf(stmt)
-		if !ok || len(m.params) != len(q.params) {
-			return false // the server reports a wrong number of parameters
-		}
-		var row []byte
-		var argErr error
-		if q.decode != nil {
-			id, ok, err := decodeArg(q.decode, q.params, &m)
-			if !ok {
-				return false // the server judges the value
-			}
-			if argErr = err; err == nil {
-				if row, ok = c.decodeRow(nil, q.decode, id, binaryResult); !ok {
-					return false // the server prints the timestamp
-				}
-			}
 		}
 		lc := s.begin()
-		if argErr != nil {
-			r := errorResponse(argErr)
-			c.countError(r)
-			lc.out = append(lc.out, r.msg...)
-			lc.failed = true
-			break
-		}
-		lc.store = localPortal{localQuery: q, binary: binaryResult, ids: lc.store.ids[:0], row: row}
-		if q.batch != nil && !c.bindLocalBatch(lc, &lc.store, &m) {
-			break
-		}
-		lc.portal = &lc.store
-		lc.out = appendEmpty(lc.out, serverBindComplete)
-	case clientDescribe:
-		if len(body) < 2 {
-			return false
-		}
-		name, rest, ok := cString(body[1:])
-		if !ok || len(rest) != 0 {
-			return false
-		}
-		switch body[0] {
-		case targetStatement:
-			q, ok := s.localOf(name)
-			if !ok {
-				return false
-			}
-			lc := s.begin()
-			lc.out = appendParameterDescription(lc.out, q.params)
-			lc.out = q.appendDescription(lc.out, false)
-		case targetPortal:
-			if name != "" || s.local == nil || s.local.portal == nil {
-				return false
-			}
-			lc := s.local
-			lc.out = lc.portal.appendDescription(lc.out, lc.portal.binary)
-		default:
-			return false
-		}
-	case clientExecute:
-		if len(body) != 5 || body[0] != 0 || s.local == nil || s.local.portal == nil {
+		lc.out = appendParameterDescription(lc.out, q.params)
+		lc.out = q.appendDescription(lc.out, false)
+	case targetPortal:
+		if name != "" || s.local == nil || s.local.portal == nil {
 			return false
 		}
 		lc := s.local
-		p := lc.portal
-		if p.batch != nil {
-			c.executeLocalBatch(lc, p, int32(binary.BigEndian.Uint32(body[1:])))
-			break
-		}
-		if p.decode != nil {
-			if p.ran {
-				lc.out = appendCommandComplete(lc.out, "SELECT 0")
-				break
-			}
-			p.ran = true
-			c.rewritten("fast_path")
-			lc.out = append(lc.out, p.row...)
-			if maxRows := int32(binary.BigEndian.Uint32(body[1:])); maxRows == 1 {
-				lc.out = appendEmpty(lc.out, serverPortalSuspended)
-			} else {
-				lc.out = appendCommandComplete(lc.out, "SELECT 1")
-			}
-			break
-		}
-		if p.ran {
-			// A portal runs once; fetching from an exhausted one yields no rows.
-			lc.out = appendCommandComplete(lc.out, "SELECT 0")
-			break
-		}
-		id, err := c.nextID(p.fast.Slot, "")
-		if err != nil {
-			// A local cycle runs outside a transaction block with nothing outstanding:
-			// an error there changes nothing at the server, so the proxy's answer is
-			// exactly the server's and nothing needs to fail upstream.
-			r := errorResponse(err)
-			c.countError(r)
-			lc.out = append(lc.out, r.msg...)
-			lc.failed = true
-			break
-		}
+		lc.out = lc.portal.appendDescription(lc.out, lc.portal.binary)
+	default:
+		return false
+	}
+	return true
+}
+
+// answerExecute answers an Execute of the local portal: its rows, then CommandComplete,
+// or PortalSuspended when the rows filled the fetch.
+func (c *conn) answerExecute(body []byte) bool {
+	s := &c.sess
+	if len(body) != 5 || body[0] != 0 || s.local == nil || s.local.portal == nil {
+		return false
+	}
+	lc := s.local
+	p := lc.portal
+	maxRows := int32(binary.BigEndian.Uint32(body[1:]))
+	switch {
+	case p.batch != nil:
+		c.executeLocalBatch(lc, p, maxRows)
+	case p.ran:
+		// A portal runs once; fetching from an exhausted one yields no rows.
+		lc.out = appendCommandComplete(lc.out, "SELECT 0")
+	case p.decode != nil:
 		p.ran = true
 		c.rewritten("fast_path")
-		lc.out = appendDataRow(lc.out, id, p.binary)
-		if maxRows := int32(binary.BigEndian.Uint32(body[1:])); maxRows == 1 {
-			// The row filled the fetch: the server does not yet know the portal is
-			// exhausted and suspends it.
-			lc.out = appendEmpty(lc.out, serverPortalSuspended)
-		} else {
-			lc.out = appendCommandComplete(lc.out, "SELECT 1")
+		lc.out = appendOneRowEnd(append(lc.out, p.row...), maxRows)
+	default:
+		c.executeFast(lc, p, maxRows)
+	}
+	return true
+}
+
+// executeFast answers an Execute of a fast-path portal: one ID, drawn now.
+func (c *conn) executeFast(lc *localCycle, p *localPortal, maxRows int32) {
+	id, err := c.nextID(p.fast.Slot, "")
+	if err != nil {
+		// A local cycle runs outside a transaction block with nothing outstanding:
+		// an error there changes nothing at the server, so the proxy's answer is
+		// exactly the server's and nothing needs to fail upstream.
+		c.failLocal(lc, err)
+		return
+	}
+	p.ran = true
+	c.rewritten("fast_path")
+	lc.out = appendOneRowEnd(appendDataRow(lc.out, id, p.binary), maxRows)
+}
+
+// appendOneRowEnd appends what follows the one row of a portal: PortalSuspended when the
+// row filled the fetch (maxRows 1: the server does not yet know the portal is exhausted
+// and suspends it), else CommandComplete.
+func appendOneRowEnd(b []byte, maxRows int32) []byte {
+	if maxRows == 1 {
+		return appendEmpty(b, serverPortalSuspended)
+	}
+	return appendCommandComplete(b, "SELECT 1")
+}
+
+// failLocal answers err in the local cycle, which then skips to Sync, as the server does
+// after an error.
+func (c *conn) failLocal(lc *localCycle, err error) {
+	r := errorResponse(err)
+	c.countError(r)
+	lc.out = append(lc.out, r.msg...)
+	lc.failed = true
+}
+
+// answerClose answers a Close of the local unnamed statement or of the local portal.
+func (c *conn) answerClose(body []byte) bool {
+	s := &c.sess
+	if len(body) != 2 || body[1] != 0 {
+		return false
+	}
+	switch body[0] {
+	case targetStatement:
+		if s.unnamed() == nil {
+			return false // the server's unnamed statement
 		}
-	case clientClose:
-		if len(body) != 2 || body[1] != 0 {
+		lc := s.begin()
+		s.setUnnamed(nil)
+		lc.out = appendEmpty(lc.out, serverCloseComplete)
+	case targetPortal:
+		if s.local == nil || s.local.portal == nil {
 			return false
 		}
-		switch body[0] {
-		case targetStatement:
-			if s.unnamed() == nil {
-				return false // the server's unnamed statement
-			}
-			lc := s.begin()
-			s.setUnnamed(nil)
-			lc.out = appendEmpty(lc.out, serverCloseComplete)
-		case targetPortal:
-			if s.local == nil || s.local.portal == nil {
-				return false
-			}
-			s.local.portal = nil
-			s.local.out = appendEmpty(s.local.out, serverCloseComplete)
-		default:
-			return false
-		}
-	case clientSync:
-		return s.local != nil && len(body) == 0
+		s.local.portal = nil
+		s.local.out = appendEmpty(s.local.out, serverCloseComplete)
 	default:
 		return false
 	}

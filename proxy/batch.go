@@ -52,11 +52,7 @@ func (c *conn) batchIDs(tag string, n int64) ([]int64, error) {
 // outstanding and the transaction has not failed (as fastPath), else through the server.
 func (c *conn) onBatchQuery(b *rewrite.Batch) error {
 	s := &c.sess
-	s.mu.Lock()
-	idle := len(s.queue) == 0 && s.cur == nil
-	s.mu.Unlock()
-	tx := c.txStatus.Load()
-	local := idle && c.pending.Load() == 0 && tx != txFailed
+	tx, local := c.mayAnswerQuery()
 	var ids []int64
 	var err error
 	switch {
@@ -71,22 +67,12 @@ func (c *conn) onBatchQuery(b *rewrite.Batch) error {
 		if !local || tx != txIdle {
 			return c.refuseQuery(err, "", planRefused)
 		}
-		// Outside a block with nothing outstanding the proxy's answer is the server's.
-		r := errorResponse(err)
-		c.countError(r)
-		c.cwMu.Lock()
-		defer c.cwMu.Unlock()
-		return c.writeLocalLocked(r.msg)
+		return c.answerQueryError(err)
 	}
 	if local {
 		out := appendRowDescription(s.outBuf[:0], b.Column, false)
 		out = appendBatchRows(out, ids, false)
-		out = appendCommandComplete(out, "SELECT "+strconv.Itoa(len(ids)))
-		s.outBuf = keepSmall(out)
-		c.rewritten("fast_path")
-		c.cwMu.Lock()
-		defer c.cwMu.Unlock()
-		return c.writeLocalLocked(out)
+		return c.answerQuery(appendCommandComplete(out, "SELECT "+strconv.Itoa(len(ids))))
 	}
 	out := append(b.AppendLiteral(s.outBuf[:0], ids), 0)
 	s.outBuf = keepSmall(out)
@@ -203,8 +189,7 @@ func appendInt8Array(b []byte, ids []int64, binaryFormat bool) []byte {
 		b = binary.BigEndian.AppendUint32(b, uint32(len(ids)))
 		b = binary.BigEndian.AppendUint32(b, 1) // lower bound
 		for _, id := range ids {
-			b = binary.BigEndian.AppendUint32(b, 8)
-			b = binary.BigEndian.AppendUint64(b, uint64(id))
+			b = appendInt8Value(b, id, true)
 		}
 	} else {
 		b = append(b, '{')
@@ -263,24 +248,8 @@ func (c *conn) bindBatch(st *statement, name string, body []byte) error {
 	if err != nil {
 		return c.refuseExtended(err, false)
 	}
-	out := append(s.outBuf[:0], m.head...)
-	out = binary.BigEndian.AppendUint16(out, uint16(len(m.formats)+min(len(m.formats)/2, 1)))
-	for _, f := range m.formats {
-		out = binary.BigEndian.AppendUint16(out, f)
-	}
-	if len(m.formats) > 1 {
-		out = binary.BigEndian.AppendUint16(out, 0)
-	}
-	out = binary.BigEndian.AppendUint16(out, uint16(len(m.params)+1))
-	for _, p := range m.params {
-		if p == nil {
-			out = binary.BigEndian.AppendUint32(out, 0xffffffff)
-			continue
-		}
-		out = binary.BigEndian.AppendUint32(out, uint32(len(p)))
-		out = append(out, p...)
-	}
-	out = appendInt8Array(out, ids, len(m.formats) == 1 && m.formats[0] == 1)
+	out := appendBindParams(s.outBuf[:0], &m, 1)
+	out = appendInt8Array(out, ids, m.hiddenBinary())
 	out = append(out, m.results...)
 	s.outBuf = keepSmall(out)
 	return c.forwardExtended(clientBind, out)

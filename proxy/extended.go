@@ -3,7 +3,6 @@ package proxy
 import (
 	"encoding/binary"
 	"fmt"
-	"strconv"
 
 	"github.com/leafproxy/leafproxy/internal/sqlstate"
 	"github.com/leafproxy/leafproxy/rewrite"
@@ -200,6 +199,11 @@ type bindMessage struct {
 	results []byte   // result format codes with their count
 }
 
+// hiddenBinary reports whether the values of hidden parameters appended to m (see
+// appendBindParams) are in binary format: when the client gave one format for all, and
+// it is binary.
+func (m *bindMessage) hiddenBinary() bool { return len(m.formats) == 1 && m.formats[0] == 1 }
+
 func parseBind(body []byte) (bindMessage, string, bool) {
 	var m bindMessage
 	_, rest, ok1 := cString(body)
@@ -306,24 +310,33 @@ func (c *conn) handleBind(body []byte) error {
 	}
 	s.idsBuf = ids
 
-	binaryIDs := len(m.formats) == 1 && m.formats[0] == 1
-	out := append(s.outBuf[:0], m.head...)
-	switch len(m.formats) {
-	case 0, 1:
-		out = binary.BigEndian.AppendUint16(out, uint16(len(m.formats)))
-		for _, f := range m.formats {
-			out = binary.BigEndian.AppendUint16(out, f)
-		}
-	default:
-		out = binary.BigEndian.AppendUint16(out, uint16(len(m.formats)+len(ids)))
-		for _, f := range m.formats {
-			out = binary.BigEndian.AppendUint16(out, f)
-		}
-		for range ids {
-			out = binary.BigEndian.AppendUint16(out, 0)
-		}
+	out := appendBindParams(s.outBuf[:0], &m, len(ids))
+	for _, id := range ids {
+		out = appendInt8Value(out, id, m.hiddenBinary())
 	}
-	out = binary.BigEndian.AppendUint16(out, uint16(len(m.params)+len(ids)))
+	out = append(out, m.results...)
+	s.outBuf = keepSmall(out)
+	return c.forwardExtended(clientBind, out)
+}
+
+// appendBindParams appends the start of a rewritten Bind body, up to the values of its
+// hidden parameters, which the caller appends next, and its result formats: the client's
+// names, its parameter formats (with text for each of the hidden parameters when it gave
+// one per parameter), the parameter count and the client's values.
+func appendBindParams(out []byte, m *bindMessage, hidden int) []byte {
+	out = append(out, m.head...)
+	formats := len(m.formats)
+	if formats > 1 {
+		formats += hidden
+	}
+	out = binary.BigEndian.AppendUint16(out, uint16(formats))
+	for _, f := range m.formats {
+		out = binary.BigEndian.AppendUint16(out, f)
+	}
+	for i := len(m.formats); i < formats; i++ {
+		out = binary.BigEndian.AppendUint16(out, 0)
+	}
+	out = binary.BigEndian.AppendUint16(out, uint16(len(m.params)+hidden))
 	for _, p := range m.params {
 		if p == nil {
 			out = binary.BigEndian.AppendUint32(out, 0xffffffff)
@@ -332,20 +345,7 @@ func (c *conn) handleBind(body []byte) error {
 		out = binary.BigEndian.AppendUint32(out, uint32(len(p)))
 		out = append(out, p...)
 	}
-	for _, id := range ids {
-		if binaryIDs {
-			out = binary.BigEndian.AppendUint32(out, 8)
-			out = binary.BigEndian.AppendUint64(out, uint64(id))
-			continue
-		}
-		var digits [20]byte
-		d := strconv.AppendInt(digits[:0], id, 10)
-		out = binary.BigEndian.AppendUint32(out, uint32(len(d)))
-		out = append(out, d...)
-	}
-	out = append(out, m.results...)
-	s.outBuf = keepSmall(out)
-	return c.forwardExtended(clientBind, out)
+	return out
 }
 
 // bindStatement returns the statement name of a Bind body.

@@ -455,6 +455,38 @@ func (c *conn) answerClose(body []byte) bool {
 	return true
 }
 
+// mayAnswerQuery reports whether the proxy may answer a Query itself, with the current
+// transaction status: nothing is queued or outstanding upstream, so the status is
+// current, and the transaction has not failed (the server must report 25P02).
+func (c *conn) mayAnswerQuery() (tx uint32, ok bool) {
+	s := &c.sess
+	s.mu.Lock()
+	idle := len(s.queue) == 0 && s.cur == nil
+	s.mu.Unlock()
+	tx = c.txStatus.Load()
+	return tx, idle && c.pending.Load() == 0 && tx != txFailed
+}
+
+// answerQuery sends the proxy's own answer to a Query, out, and a ReadyForQuery.
+func (c *conn) answerQuery(out []byte) error {
+	c.sess.outBuf = keepSmall(out)
+	c.rewritten("fast_path")
+	c.cwMu.Lock()
+	defer c.cwMu.Unlock()
+	return c.writeLocalLocked(out)
+}
+
+// answerQueryError answers a Query with the proxy's own error and a ReadyForQuery. Only
+// outside a transaction block with nothing outstanding (mayAnswerQuery): a failed Query
+// there changes nothing at the server, so the proxy's answer is exactly the server's.
+func (c *conn) answerQueryError(err error) error {
+	r := errorResponse(err)
+	c.countError(r)
+	c.cwMu.Lock()
+	defer c.cwMu.Unlock()
+	return c.writeLocalLocked(r.msg)
+}
+
 // finishLocal ends a local cycle at Sync: the responses and a ReadyForQuery go out.
 func (c *conn) finishLocal() error {
 	s := &c.sess

@@ -280,12 +280,8 @@ func (s *sessionState) applySQLEffectsLocked(cy *cycle, plan *rewrite.Plan) {
 // the messages PostgreSQL would send, when nothing is outstanding and the transaction has
 // not failed. It reports false when the query must go to the server instead.
 func (c *conn) fastPath(fp *rewrite.FastPath) (bool, error) {
-	s := &c.sess
-	s.mu.Lock()
-	idle := len(s.queue) == 0 && s.cur == nil
-	s.mu.Unlock()
-	tx := c.txStatus.Load()
-	if !idle || c.pending.Load() != 0 || tx == txFailed {
+	tx, ok := c.mayAnswerQuery()
+	if !ok {
 		return false, nil
 	}
 	id, err := c.nextID(fp.Slot, "")
@@ -294,22 +290,11 @@ func (c *conn) fastPath(fp *rewrite.FastPath) (bool, error) {
 			// Inside a transaction block the error must fail the server's transaction.
 			return true, c.refuseQuery(err, "", planRefused)
 		}
-		// Outside a block a failed Query changes nothing at the server, and with nothing
-		// outstanding the status is current: the proxy's answer is exactly the server's.
-		r := errorResponse(err)
-		c.countError(r)
-		c.cwMu.Lock()
-		defer c.cwMu.Unlock()
-		return true, c.writeLocalLocked(r.msg)
+		return true, c.answerQueryError(err)
 	}
-	out := appendRowDescription(s.outBuf[:0], fp.Column, false)
+	out := appendRowDescription(c.sess.outBuf[:0], fp.Column, false)
 	out = appendDataRow(out, id, false)
-	out = appendCommandComplete(out, "SELECT 1")
-	s.outBuf = keepSmall(out)
-	c.rewritten("fast_path")
-	c.cwMu.Lock()
-	defer c.cwMu.Unlock()
-	return true, c.writeLocalLocked(out)
+	return true, c.answerQuery(appendCommandComplete(out, "SELECT 1"))
 }
 
 // rewritten reports a rewritten or locally answered statement to the OnRewrite hook.

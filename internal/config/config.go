@@ -181,6 +181,10 @@ func EnvName(name string) string {
 	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
 }
 
+// settings is every setting, in the order of the help text. Adding one takes a field in
+// Config (with its yaml key), a row here (name, usage, field and, when some values are
+// wrong, check, a function of validate.go's kind), and its default in Defaults when it
+// is not the zero value.
 var settings = []setting{
 	{name: "listen", arg: "HOST:PORT", usage: "address the PostgreSQL proxy listens on (host:port)",
 		field: func(c *Config) any { return &c.Listen },

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 )
 
 // conn is a session: one client connection, from its startup packet to its end, and
@@ -80,11 +82,11 @@ func (c *conn) serve() {
 	params := startupParams(packet)
 	c.log = c.log.WithFields(logrus.Fields{"user": params["user"], "database": params["database"]})
 	if s.inShutdown.Load() {
-		c.refuse(codeCannotConnectNow, "the database system is shutting down")
+		c.refuse(sqlstate.CannotConnectNow, "the database system is shutting down")
 		return
 	}
 	if !s.acquireSession() {
-		c.refuse(codeTooManyConnections, "sorry, too many clients already")
+		c.refuse(sqlstate.TooManyConnections, "sorry, too many clients already")
 		return
 	}
 	if !c.holdSession() {
@@ -99,7 +101,7 @@ func (c *conn) serve() {
 		// addresses only, never credentials), so that a wrong upstream is found from the
 		// client's side too.
 		c.log.WithError(err).Warn("cannot connect to upstream")
-		c.refuseDetail(codeConnectionUnable, "could not connect to the upstream server",
+		c.refuseDetail(sqlstate.ConnectionUnable, "could not connect to the upstream server",
 			fmt.Sprintf("upstream %s: %v", s.Upstream, err))
 		return
 	}
@@ -133,7 +135,7 @@ func (c *conn) negotiate() ([]byte, error) {
 			}
 		case code == gssEncRequestCode && len(packet) == 8:
 			// GSSAPI encryption cannot be terminated by a proxy; the client falls back.
-			if _, err := c.client.Write([]byte{'N'}); err != nil {
+			if _, err := c.client.Write([]byte{sslRefused}); err != nil {
 				return nil, err
 			}
 		case code == cancelRequestCode && len(packet) >= 16:
@@ -142,7 +144,7 @@ func (c *conn) negotiate() ([]byte, error) {
 		case code>>16 == protocolMajor3:
 			return packet, nil
 		default:
-			c.refuse(codeFeatureNotSupported, fmt.Sprintf(
+			c.refuse(sqlstate.FeatureNotSupported, fmt.Sprintf(
 				"unsupported frontend protocol %d.%d: server supports 3.0 to 3.2", code>>16, code&0xffff))
 			return nil, fmt.Errorf("unsupported startup code %d", code)
 		}
@@ -152,10 +154,10 @@ func (c *conn) negotiate() ([]byte, error) {
 func (c *conn) startClientTLS() error {
 	cfg := c.srv.TLSConfig
 	if cfg == nil || (len(cfg.Certificates) == 0 && cfg.GetCertificate == nil && cfg.GetConfigForClient == nil) {
-		_, err := c.client.Write([]byte{'N'})
+		_, err := c.client.Write([]byte{sslRefused})
 		return err
 	}
-	if _, err := c.client.Write([]byte{'S'}); err != nil {
+	if _, err := c.client.Write([]byte{sslAccepted}); err != nil {
 		return err
 	}
 	tc := tls.Server(&tlsTransport{Conn: c.client}, cfg)

@@ -107,6 +107,10 @@
 //   - loopio_linux.go: non-blocking socket I/O for loops, and the hand-off to goroutines.
 //   - loop_other.go: no event loops where epoll is missing.
 //   - wire.go: reading and writing protocol messages; buffer sizes and limits.
+//   - msgtypes.go: the named message types (clientQuery, serverReadyForQuery, …) and
+//     transaction statuses.
+//   - encode.go: the server messages the proxy writes itself, appended without
+//     allocating.
 //   - cancel.go: CancelRequest: the registry of keys handed out, forwarding upstream.
 //
 // Rewriting (Server.Rewriter set):

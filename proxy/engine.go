@@ -5,6 +5,8 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 )
 
 // engine is what a session's handlers need from the I/O engine that serves the session:
@@ -50,10 +52,10 @@ func (c *conn) closeIfIdle() {
 // endIfIdle sends the client the FATAL error of a server shutting down when the session is
 // idle, reporting whether it did; the engine then ends the session.
 func (c *conn) endIfIdle() bool {
-	if c.server.txStatus.Load() != 'I' || c.pending.Load() != 0 {
+	if c.server.txStatus.Load() != txIdle || c.pending.Load() != 0 {
 		return false
 	}
-	_, _ = c.cw.Write(fatal(codeAdminShutdown, "terminating connection due to administrator command"))
+	_, _ = c.cw.Write(fatal(sqlstate.AdminShutdown, "terminating connection due to administrator command"))
 	return true
 }
 

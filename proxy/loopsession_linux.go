@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 )
 
 // Bounds of a session served by an event loop.
@@ -350,7 +352,7 @@ func (ls *loopSession) process() {
 		ls.teardown()
 		return
 	case ls.upstream.sink.err != nil:
-		c.tellClient(codeConnectionFailure, "server closed the connection unexpectedly")
+		c.tellClient(sqlstate.ConnectionFailure, "server closed the connection unexpectedly")
 		ls.finish()
 		return
 	}
@@ -396,7 +398,7 @@ func (ls *loopSession) whole(r *msgReader, in *endReader) (ready, tooLarge bool)
 func (ls *loopSession) startStream() bool {
 	c := ls.c
 	typ, n, err := c.server.r.peekHeader()
-	if err != nil || (typ != 'D' && typ != 'd') {
+	if err != nil || (typ != serverDataRow && typ != serverCopyData) {
 		return false
 	}
 	_, _ = c.server.r.br.Discard(5)

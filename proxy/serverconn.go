@@ -19,7 +19,7 @@ type serverConn struct {
 	r  msgReader
 	w  *bufio.Writer
 
-	txStatus atomic.Uint32 // last ReadyForQuery status: 'I', 'T' or 'E'; 0 before the first
+	txStatus atomic.Uint32 // last ReadyForQuery status: txIdle, txInBlock or txFailed; 0 before the first
 	key      string        // the BackendKeyData the server sent: process ID and secret
 
 	// unsafeEncoding is set while the client_encoding the server last reported in a

@@ -4,6 +4,8 @@ import (
 	"strings"
 
 	pg_query "github.com/pganalyze/pg_query_go/v6"
+
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 )
 
 // What a session cannot carry from one server connection to the next is refused in
@@ -68,5 +70,5 @@ func refusedStatement(stmt *pg_query.Node) string {
 }
 
 func refusedMessage(what string) []byte {
-	return errorMessage(codeFeatureNotSupported, what+" cannot be used in transaction pool mode", refusalHint)
+	return errorMessage(sqlstate.FeatureNotSupported, what+" cannot be used in transaction pool mode", refusalHint)
 }

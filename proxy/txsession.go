@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 	"github.com/leafproxy/leafproxy/proxy/pool"
 )
 
@@ -592,7 +593,7 @@ func (v *pooledConn) serverMessage(msg []byte) {
 		}
 	case 'E':
 		if front != nil && front.refusal != nil {
-			if code := string(errorField(body, 'C')); code == codeUndefinedColumn {
+			if code := string(errorField(body, 'C')); code == sqlstate.UndefinedColumn {
 				msg = front.refusal
 			}
 		}
@@ -768,7 +769,7 @@ func (pooledAddr) String() string  { return "pool" }
 
 // acquireError is the ErrorResponse for a failed borrow.
 func acquireError(err error) []byte {
-	code := codeConnectionUnable
+	code := sqlstate.ConnectionUnable
 	var pe *pool.Error
 	if errors.As(err, &pe) && pe.Code != "" {
 		code = pe.Code
@@ -810,11 +811,11 @@ func (c *conn) servePooled(packet []byte) {
 	params := startupParams(packet)
 	user := params["user"]
 	if user == "" {
-		c.refuse(codeInvalidAuthorization, "no PostgreSQL user name specified in startup packet")
+		c.refuse(sqlstate.InvalidAuthorizationSpecification, "no PostgreSQL user name specified in startup packet")
 		return
 	}
 	if params["replication"] != "" && params["replication"] != "false" {
-		c.refuse(codeFeatureNotSupported, "replication connections are not supported in transaction pool mode")
+		c.refuse(sqlstate.FeatureNotSupported, "replication connections are not supported in transaction pool mode")
 		return
 	}
 	database := params["database"]
@@ -826,12 +827,12 @@ func (c *conn) servePooled(packet []byte) {
 	defer cancel()
 	p, err := s.serverPool()
 	if err != nil {
-		c.refuse(codeConnectionUnable, err.Error())
+		c.refuse(sqlstate.ConnectionUnable, err.Error())
 		return
 	}
 	srv, err := p.Acquire(ctx, v.key)
 	if err != nil {
-		code := codeConnectionUnable
+		code := sqlstate.ConnectionUnable
 		var pe *pool.Error
 		if errors.As(err, &pe) && pe.Code != "" {
 			code = pe.Code

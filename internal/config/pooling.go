@@ -24,11 +24,11 @@ type Pooling struct {
 func init() {
 	settings = append(settings,
 		setting{name: "pool-mode", arg: "MODE", usage: "session: a server connection per client session (default); transaction: clients share pools of server connections, one per (database, user), holding one only during a transaction",
-			field: func(c *Config) any { return &c.PoolMode }},
+			field: func(c *Config) any { return &c.PoolMode }, check: checkPoolMode},
 		setting{name: "pool-size", arg: "N", usage: "most server connections per (database, user) in transaction mode (default 20)",
-			field: func(c *Config) any { return &c.PoolSize }},
+			field: func(c *Config) any { return &c.PoolSize }, check: checkNotNegative(func(c *Config) int { return c.PoolSize })},
 		setting{name: "min-pool-size", arg: "N", usage: "server connections kept open per (database, user) once used, idle or not (default 0)",
-			field: func(c *Config) any { return &c.MinPoolSize }},
+			field: func(c *Config) any { return &c.MinPoolSize }, check: checkMinPoolSize},
 		setting{name: "server-idle-timeout", usage: "close a pooled server connection idle for longer (default 10m; negative: never)",
 			field: func(c *Config) any { return &c.ServerIdleTimeout }},
 		setting{name: "server-lifetime", usage: "close a pooled server connection older than this when it is next idle (default 1h; negative: never)",
@@ -36,30 +36,31 @@ func init() {
 		setting{name: "query-wait-timeout", usage: "how long a transaction waits for a server connection; past it the statement fails with 57014 and the session goes on (default 2m; negative: forever)",
 			field: func(c *Config) any { return &c.QueryWaitTimeout }},
 		setting{name: "max-db-connections", arg: "N", usage: "most server connections per database across its users; 0: no limit",
-			field: func(c *Config) any { return &c.MaxDBConnections }},
+			field: func(c *Config) any { return &c.MaxDBConnections }, check: checkNotNegative(func(c *Config) int { return c.MaxDBConnections })},
 	)
 }
 
-// checkPooling reports the problems of the pooling settings through bad.
-func (c *Config) checkPooling(bad func(name, format string, args ...any)) {
+func checkPoolMode(c *Config, bad problem) {
 	switch c.PoolMode {
-	case "", PoolModeSession:
-	case PoolModeTransaction:
-		// The proxy logs into the upstream itself for pooled connections; until it can
-		// authenticate clients and log in with their keys, the upstream must trust it.
+	case "", PoolModeSession, PoolModeTransaction:
 	default:
-		bad("pool-mode", "%q is not one of session, transaction", c.PoolMode)
+		bad("%q is not one of session, transaction", c.PoolMode)
 	}
-	if c.PoolSize < 0 {
-		bad("pool-size", "%d must not be negative", c.PoolSize)
+}
+
+func checkNotNegative(v func(*Config) int) func(*Config, problem) {
+	return func(c *Config, bad problem) {
+		if n := v(c); n < 0 {
+			bad("%d must not be negative", n)
+		}
 	}
-	if c.MinPoolSize < 0 {
-		bad("min-pool-size", "%d must not be negative", c.MinPoolSize)
-	}
-	if size := c.PoolSize; size > 0 && c.MinPoolSize > size {
-		bad("min-pool-size", "%d exceeds pool-size %d", c.MinPoolSize, size)
-	}
-	if c.MaxDBConnections < 0 {
-		bad("max-db-connections", "%d must not be negative", c.MaxDBConnections)
+}
+
+func checkMinPoolSize(c *Config, bad problem) {
+	switch {
+	case c.MinPoolSize < 0:
+		bad("%d must not be negative", c.MinPoolSize)
+	case c.PoolSize > 0 && c.MinPoolSize > c.PoolSize:
+		bad("%d exceeds pool-size %d", c.MinPoolSize, c.PoolSize)
 	}
 }

@@ -158,7 +158,7 @@ func (p *physConn) logIn(key pool.Key) error {
 			return err
 		}
 		switch typ {
-		case 'R':
+		case serverAuthentication:
 			if len(body) < 4 {
 				return fmt.Errorf("authentication message of %d bytes", len(body))
 			}
@@ -166,20 +166,20 @@ func (p *physConn) logIn(key pool.Key) error {
 				return fmt.Errorf("%w (authentication request %d) for user %q: transaction pooling logs in without one, so the upstream must trust the proxy for this user",
 					errUpstreamAuth, code, key.User)
 			}
-		case 'S':
+		case serverParameterStatus:
 			name, value, ok := splitParameterStatus(body)
 			if ok {
 				p.login = append(p.login, paramValue{name, value})
 				p.params[strings.ToLower(name)] = value
 				p.reported[strings.ToLower(name)] = true
 			}
-		case 'K':
+		case serverBackendKeyData:
 			if len(body) >= 8 {
 				copy(p.key[:], body)
 			}
-		case 'E':
+		case serverErrorResponse:
 			return upstreamLoginError(body)
-		case 'Z':
+		case serverReadyForQuery:
 			return nil
 		}
 	}
@@ -187,8 +187,8 @@ func (p *physConn) logIn(key pool.Key) error {
 
 // upstreamLoginError is the error of a refused pooled login, with the server's SQLSTATE.
 func upstreamLoginError(body []byte) error {
-	return &pool.Error{Kind: pool.ErrServerDown, Code: string(errorField(body, 'C')),
-		Cause: errors.New(string(errorField(body, 'M')))}
+	return &pool.Error{Kind: pool.ErrServerDown, Code: string(errorField(body, fieldCode)),
+		Cause: errors.New(string(errorField(body, fieldMessage)))}
 }
 
 // readMessage reads one whole message of the server.
@@ -231,13 +231,13 @@ func (pc physConnector) Reset(ctx context.Context, p *physConn) error {
 			return err
 		}
 		switch typ {
-		case 'S':
+		case serverParameterStatus:
 			if name, value, ok := splitParameterStatus(body); ok {
 				p.params[strings.ToLower(name)] = value
 			}
-		case 'E':
-			return fmt.Errorf("DISCARD ALL failed: %s", errorField(body, 'M'))
-		case 'Z':
+		case serverErrorResponse:
+			return fmt.Errorf("DISCARD ALL failed: %s", errorField(body, fieldMessage))
+		case serverReadyForQuery:
 			return nil
 		}
 	}
@@ -245,7 +245,7 @@ func (pc physConnector) Reset(ctx context.Context, p *physConn) error {
 
 func (physConnector) Close(p *physConn) {
 	_ = p.nc.SetWriteDeadline(time.Now().Add(time.Second))
-	_, _ = p.nc.Write([]byte{'X', 0, 0, 0, 4})
+	_, _ = p.nc.Write([]byte{clientTerminate, 0, 0, 0, 4})
 	p.nc.Close()
 }
 
@@ -273,7 +273,7 @@ func indexZero(b []byte) int {
 
 // appendQuery appends a Query message of sql.
 func appendQuery(b []byte, sql string) []byte {
-	b = append(b, 'Q', 0, 0, 0, 0)
+	b = append(b, clientQuery, 0, 0, 0, 0)
 	start := len(b) - 4
 	b = append(b, sql...)
 	b = append(b, 0)

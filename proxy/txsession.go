@@ -81,9 +81,22 @@ func pstmtName(rest []byte) string {
 	return "leafproxy_" + hex.EncodeToString(sum[:12])
 }
 
-// pending answers the proxy expects from the server, in order (see pooledConn.queue).
+// expectKind is what a message sent to a server connection awaits an answer to.
+type expectKind byte
+
+const (
+	expParse         expectKind = iota + 1 // the client's Parse: ParseComplete
+	expInjectedParse                       // the proxy's Parse of a client's statement: ParseComplete, swallowed
+	expClose                               // the client's Close: CloseComplete
+	expInjectedClose                       // the proxy's Close before a Parse again: CloseComplete, swallowed
+	expSync                                // Sync: ReadyForQuery
+	expQuery                               // Query or FunctionCall: ReadyForQuery
+	expInjectedQuery                       // the proxy's Query (settings): everything up to ReadyForQuery, swallowed
+)
+
+// expect is an answer the proxy expects from the server, in order (see pooledConn.queue).
 type expect struct {
-	kind byte // 'P' Parse, 'p' injected Parse, 'C' Close, 'c' injected Close, 'S' Sync, 'Q' Query or FunctionCall, 'q' injected Query
+	kind expectKind
 	// name is the server-side statement of a Parse ("" for the unnamed one).
 	name string
 	// refusal replaces the server's error for a refused statement's stand-in.
@@ -137,7 +150,7 @@ type pooledConn struct {
 }
 
 func newPooledConn(c *conn, key pool.Key) *pooledConn {
-	v := &pooledConn{c: c, key: key, txStatus: 'I', stmts: make(map[string]*clientStmt), params: make(map[string]string)}
+	v := &pooledConn{c: c, key: key, txStatus: txIdle, stmts: make(map[string]*clientStmt), params: make(map[string]string)}
 	v.cond.L = &v.mu
 	return v
 }
@@ -177,7 +190,7 @@ func (v *pooledConn) giveBack(st pool.State) {
 
 // idle reports whether the borrowed connection owes nothing and is outside a transaction.
 func (v *pooledConn) idle() bool {
-	return v.outstanding == 0 && !v.unsynced && v.txStatus == 'I' && len(v.queue) == 0
+	return v.outstanding == 0 && !v.unsynced && v.txStatus == txIdle && len(v.queue) == 0
 }
 
 // applySettings returns the Query that gives pc the client's settings, or nothing when
@@ -207,7 +220,7 @@ func (v *pooledConn) applySettings(out []byte) []byte {
 	for _, r := range resets {
 		sql.WriteString(r + ";")
 	}
-	v.queue = append(v.queue, expect{kind: 'q'})
+	v.queue = append(v.queue, expect{kind: expInjectedQuery})
 	v.outstanding++
 	pc.unnamed = nil
 	return appendQuery(out, sql.String())
@@ -273,13 +286,13 @@ func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte
 	typ, body := msg[0], msg[5:]
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if typ == 'X' {
+	if typ == clientTerminate {
 		return out, pc, nil // a pooled connection outlives its borrowers
 	}
 	if v.discarding != nil {
-		if typ == 'S' {
+		if typ == clientSync {
 			v.synth = append(v.synth, v.discarding...)
-			v.synth = append(v.synth, 'Z', 0, 0, 0, 5, 'I')
+			v.synth = append(v.synth, serverReadyForQuery, 0, 0, 0, 5, txIdle)
 			v.discarding = nil
 			v.cond.Broadcast()
 		}
@@ -287,11 +300,11 @@ func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte
 	}
 	if v.pc == nil {
 		switch typ {
-		case 'S': // an empty cycle: nothing to ask a server
-			v.synth = append(v.synth, 'Z', 0, 0, 0, 5, 'I')
+		case clientSync: // an empty cycle: nothing to ask a server
+			v.synth = append(v.synth, serverReadyForQuery, 0, 0, 0, 5, txIdle)
 			v.cond.Broadcast()
 			return out, pc, nil
-		case 'H', 'd', 'c', 'f':
+		case clientFlush, clientCopyData, clientCopyDone, clientCopyFail:
 			return out, pc, nil
 		}
 		v.mu.Unlock()
@@ -306,9 +319,9 @@ func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte
 		if err != nil {
 			v.c.log.WithError(err).Info("no server connection for a transaction")
 			e := acquireError(err)
-			if typ == 'Q' || typ == 'F' {
+			if typ == clientQuery || typ == clientFunctionCall {
 				v.synth = append(v.synth, e...)
-				v.synth = append(v.synth, 'Z', 0, 0, 0, 5, 'I')
+				v.synth = append(v.synth, serverReadyForQuery, 0, 0, 0, 5, txIdle)
 				v.cond.Broadcast()
 			} else {
 				v.discarding = e
@@ -323,53 +336,53 @@ func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte
 		v.cond.Broadcast()
 	}
 	switch typ {
-	case 'Q':
+	case clientQuery:
 		v.outstanding++
 		v.queries++
 		pc.unnamed = nil // a Query replaces the unnamed statement
-		e := expect{kind: 'Q'}
+		e := expect{kind: expQuery}
 		if r := refusedInTransactionMode(zstring(body)); r != nil {
 			e.refusal = r
 			v.queue = append(v.queue, e)
 			return appendQuery(out, standInSQL), pc, nil
 		}
 		v.queue = append(v.queue, e)
-	case 'F':
+	case clientFunctionCall:
 		v.outstanding++
 		v.queries++
-		v.queue = append(v.queue, expect{kind: 'Q'})
-	case 'S':
+		v.queue = append(v.queue, expect{kind: expQuery})
+	case clientSync:
 		v.outstanding++
 		v.queries++
 		v.unsynced = false
-		v.queue = append(v.queue, expect{kind: 'S'})
-	case 'P':
+		v.queue = append(v.queue, expect{kind: expSync})
+	case clientParse:
 		v.unsynced = true
 		return v.parse(out, msg), pc, nil
-	case 'B':
+	case clientBind:
 		v.unsynced = true
 		return v.bind(out, msg), pc, nil
-	case 'D':
+	case clientDescribe:
 		v.unsynced = true
-		if len(body) >= 2 && body[0] == 'S' {
+		if len(body) >= 2 && body[0] == targetStatement {
 			stmt, ok := v.ensure(&out, zstring(body[1:]))
 			if ok {
-				return appendMessage(out, 'D', []byte{'S'}, []byte(stmt), []byte{0}), pc, nil
+				return appendMessage(out, clientDescribe, []byte{targetStatement}, []byte(stmt), []byte{0}), pc, nil
 			}
 		}
-	case 'C':
+	case clientClose:
 		v.unsynced = true
-		if len(body) >= 2 && body[0] == 'S' {
+		if len(body) >= 2 && body[0] == targetStatement {
 			name := zstring(body[1:])
 			if name != "" {
 				delete(v.stmts, name)
-				v.queue = append(v.queue, expect{kind: 'C'})
-				return appendMessage(out, 'C', []byte{'P'}, []byte(noPortal), []byte{0}), pc, nil
+				v.queue = append(v.queue, expect{kind: expClose})
+				return appendMessage(out, clientClose, []byte{targetPortal}, []byte(noPortal), []byte{0}), pc, nil
 			}
 			v.unnamed, pc.unnamed = nil, nil
 		}
-		v.queue = append(v.queue, expect{kind: 'C'})
-	case 'E', 'H':
+		v.queue = append(v.queue, expect{kind: expClose})
+	case clientExecute, clientFlush:
 		v.unsynced = true
 	}
 	return append(out, msg...), pc, nil
@@ -387,13 +400,13 @@ func (v *pooledConn) parse(out, msg []byte) []byte {
 	rest := body[len(name)+1:]
 	query := zstring(rest)
 	if r := refusedInTransactionMode(query); r != nil {
-		v.queue = append(v.queue, expect{kind: 'P', refusal: r})
-		return appendMessage(out, 'P', standInParseNamed)
+		v.queue = append(v.queue, expect{kind: expParse, refusal: r})
+		return appendMessage(out, clientParse, standInParseNamed)
 	}
 	st := &clientStmt{rest: append([]byte(nil), rest...)}
 	if name == "" {
 		v.unnamed, v.pc.unnamed = st, st
-		v.queue = append(v.queue, expect{kind: 'P'})
+		v.queue = append(v.queue, expect{kind: expParse})
 		return append(out, msg...)
 	}
 	st.sname = pstmtName(rest)
@@ -401,12 +414,12 @@ func (v *pooledConn) parse(out, msg []byte) []byte {
 	if v.pc.prepared[st.sname] {
 		// Prepared here by this client or another: parse it again, so that the client
 		// gets the server's own answer to its Parse.
-		out = appendMessage(out, 'C', []byte{'S'}, []byte(st.sname), []byte{0})
-		v.queue = append(v.queue, expect{kind: 'c'})
+		out = appendMessage(out, clientClose, []byte{targetStatement}, []byte(st.sname), []byte{0})
+		v.queue = append(v.queue, expect{kind: expInjectedClose})
 	}
 	v.pc.prepared[st.sname] = true
-	v.queue = append(v.queue, expect{kind: 'P', name: st.sname})
-	return appendMessage(out, 'P', []byte(st.sname), []byte{0}, st.rest)
+	v.queue = append(v.queue, expect{kind: expParse, name: st.sname})
+	return appendMessage(out, clientParse, []byte(st.sname), []byte{0}, st.rest)
 }
 
 // ensure makes the client's statement name exist on pc, parsing it there first when
@@ -415,8 +428,8 @@ func (v *pooledConn) parse(out, msg []byte) []byte {
 func (v *pooledConn) ensure(out *[]byte, name string) (string, bool) {
 	if name == "" {
 		if v.unnamed != nil && v.pc.unnamed != v.unnamed {
-			*out = appendMessage(*out, 'P', []byte{0}, v.unnamed.rest)
-			v.queue = append(v.queue, expect{kind: 'p'})
+			*out = appendMessage(*out, clientParse, []byte{0}, v.unnamed.rest)
+			v.queue = append(v.queue, expect{kind: expInjectedParse})
 			v.pc.unnamed = v.unnamed
 		}
 		return "", true
@@ -426,8 +439,8 @@ func (v *pooledConn) ensure(out *[]byte, name string) (string, bool) {
 		return "", false
 	}
 	if !v.pc.prepared[st.sname] {
-		*out = appendMessage(*out, 'P', []byte(st.sname), []byte{0}, st.rest)
-		v.queue = append(v.queue, expect{kind: 'p', name: st.sname})
+		*out = appendMessage(*out, clientParse, []byte(st.sname), []byte{0}, st.rest)
+		v.queue = append(v.queue, expect{kind: expInjectedParse, name: st.sname})
 		v.pc.prepared[st.sname] = true
 	}
 	return st.sname, true
@@ -443,7 +456,7 @@ func (v *pooledConn) bind(out, msg []byte) []byte {
 	if !ok || name == "" {
 		return append(out, msg...)
 	}
-	return appendMessage(out, 'B', []byte(portal), []byte{0}, []byte(sname), []byte{0}, rest[len(name)+1:])
+	return appendMessage(out, clientBind, []byte(portal), []byte{0}, []byte(sname), []byte{0}, rest[len(name)+1:])
 }
 
 // Read returns the server's messages for the session, less the answers to what the
@@ -518,9 +531,9 @@ func (v *pooledConn) readServer(pc *physConn, p []byte) (int, error) {
 	if n < 0 || n > v.c.srv.maxMessageSize() {
 		return 0, errMessageTooLarge
 	}
-	if (h[0] == 'D' || h[0] == 'd') && n > keepBufferSize {
+	if (h[0] == serverDataRow || h[0] == serverCopyData) && n > keepBufferSize {
 		v.mu.Lock()
-		injected := len(v.queue) > 0 && v.queue[0].kind == 'q'
+		injected := len(v.queue) > 0 && v.queue[0].kind == expInjectedQuery
 		v.mu.Unlock()
 		if !injected {
 			v.rstream = n
@@ -543,7 +556,7 @@ func (v *pooledConn) readServer(pc *physConn, p []byte) (int, error) {
 func (v *pooledConn) serverMessage(msg []byte) {
 	typ, body := msg[0], msg[5:]
 	pc := v.pc
-	if typ == 'S' {
+	if typ == serverParameterStatus {
 		if name, value, ok := splitParameterStatus(body); ok {
 			lname := strings.ToLower(name)
 			pc.params[lname] = value
@@ -558,15 +571,15 @@ func (v *pooledConn) serverMessage(msg []byte) {
 	if len(v.queue) > 0 {
 		front = &v.queue[0]
 	}
-	if front != nil && front.kind == 'q' {
+	if front != nil && front.kind == expInjectedQuery {
 		switch typ {
-		case 'D':
+		case serverDataRow:
 			if front.capture {
 				v.captured(body)
 			}
-		case 'E':
-			v.c.log.WithField("error", string(errorField(body, 'M'))).Warn("applying a client's settings on a pooled connection failed")
-		case 'Z':
+		case serverErrorResponse:
+			v.c.log.WithField("error", string(errorField(body, fieldMessage))).Warn("applying a client's settings on a pooled connection failed")
+		case serverReadyForQuery:
 			if front.capture {
 				v.endCapture()
 			}
@@ -577,31 +590,31 @@ func (v *pooledConn) serverMessage(msg []byte) {
 		return
 	}
 	switch typ {
-	case '1':
+	case serverParseComplete:
 		if front != nil {
 			v.queue = v.queue[1:]
-			if front.kind == 'p' {
+			if front.kind == expInjectedParse {
 				return
 			}
 		}
-	case '3':
+	case serverCloseComplete:
 		if front != nil {
 			v.queue = v.queue[1:]
-			if front.kind == 'c' {
+			if front.kind == expInjectedClose {
 				return
 			}
 		}
-	case 'E':
+	case serverErrorResponse:
 		if front != nil && front.refusal != nil {
-			if code := string(errorField(body, 'C')); code == sqlstate.UndefinedColumn {
+			if code := string(errorField(body, fieldCode)); code == sqlstate.UndefinedColumn {
 				msg = front.refusal
 			}
 		}
-		if front != nil && front.kind != 'Q' && front.kind != 'S' {
+		if front != nil && front.kind != expQuery && front.kind != expSync {
 			// The server skips to the Sync: forget what it will not answer, and the
 			// statements it did not prepare.
-			for len(v.queue) > 0 && v.queue[0].kind != 'S' {
-				if e := v.queue[0]; e.kind == 'P' || e.kind == 'p' {
+			for len(v.queue) > 0 && v.queue[0].kind != expSync {
+				if e := v.queue[0]; e.kind == expParse || e.kind == expInjectedParse {
 					if e.name != "" {
 						delete(pc.prepared, e.name)
 					} else {
@@ -611,7 +624,7 @@ func (v *pooledConn) serverMessage(msg []byte) {
 				v.queue = v.queue[1:]
 			}
 		}
-	case 'C':
+	case serverCommandComplete:
 		switch tag := zstring(body); {
 		case tag == "SET" || tag == "RESET":
 			v.needCapture = true
@@ -621,11 +634,11 @@ func (v *pooledConn) serverMessage(msg []byte) {
 			pc.unnamed, v.unnamed = nil, nil
 			v.needCapture = true
 		}
-	case 'Z':
+	case serverReadyForQuery:
 		for len(v.queue) > 0 {
 			k := v.queue[0].kind
 			v.queue = v.queue[1:]
-			if k == 'S' || k == 'Q' {
+			if k == expSync || k == expQuery {
 				break
 			}
 		}
@@ -649,7 +662,7 @@ func (v *pooledConn) afterReady(body []byte) {
 	if v.needCapture {
 		v.needCapture = false
 		v.pc.unnamed = nil
-		v.queue = append(v.queue, expect{kind: 'q', capture: true})
+		v.queue = append(v.queue, expect{kind: expInjectedQuery, capture: true})
 		v.outstanding++
 		if _, err := v.pc.nc.Write(appendQuery(nil, captureSQL)); err != nil {
 			v.giveBack(pool.Broken)
@@ -884,21 +897,21 @@ func (c *conn) servePooled(packet []byte) {
 	_, _ = rand.Read(key[:])
 	key[0] &= 0x7f // a positive process ID, as some clients expect
 	c.setCancelKey(string(key[:]))
-	out := appendMessage(nil, 'R', []byte{0, 0, 0, 0})
+	out := appendMessage(nil, serverAuthentication, []byte{0, 0, 0, 0})
 	for _, pv := range status {
-		body := appendMessage(nil, 'S', []byte(pv.name), []byte{0}, []byte(pv.value), []byte{0})
+		body := appendMessage(nil, serverParameterStatus, []byte(pv.name), []byte{0}, []byte(pv.value), []byte{0})
 		c.noteParameterStatus(body[5:])
 		out = append(out, body...)
 	}
-	out = appendMessage(out, 'K', key[:])
-	out = append(out, 'Z', 0, 0, 0, 5, 'I')
+	out = appendMessage(out, serverBackendKeyData, key[:])
+	out = append(out, serverReadyForQuery, 0, 0, 0, 5, txIdle)
 	if _, err := c.cw.Write(out); err != nil {
 		return
 	}
 	if err := c.cw.Flush(); err != nil {
 		return
 	}
-	sc.txStatus.Store('I')
+	sc.txStatus.Store(txIdle)
 	_ = c.client.SetDeadline(noDeadline)
 	c.log.Debug("session started in transaction mode")
 	c.relay()

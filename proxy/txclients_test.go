@@ -525,3 +525,44 @@ func TestTxPoolRefusesReplication(t *testing.T) {
 	_, err = pgconn.ConnectConfig(testContext(t), cfg)
 	wantSQLState(t, err, "0A000")
 }
+
+// TestTxPoolStatementNames: a statement name the client has is refused again with 42P05,
+// as PostgreSQL does, and a Parse that fails leaves no statement behind; over one server
+// connection shared with a client that prepares the same text.
+func TestTxPoolStatementNames(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p := startProxy(t, db, inTransactionMode, func(s *Server) { s.Pooling.PoolSize = 1 })
+	ctx := testContext(t)
+	a := connect(t, p.url(db)).PgConn()
+	b := connect(t, p.url(db)).PgConn()
+	if _, err := a.Prepare(ctx, "s", "SELECT $1::int", nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Prepare(ctx, "s", "SELECT $1::int", nil); err != nil {
+		t.Fatalf("another client's statement of the same name and text: %v", err)
+	}
+	_, err := a.Prepare(ctx, "s", "SELECT 2", nil)
+	wantSQLState(t, err, "42P05")
+	_, err = a.Prepare(ctx, "bad", "SELECT FROM WHERE", nil)
+	wantSQLState(t, err, "42601")
+	if _, err := a.Prepare(ctx, "bad", "SELECT 3", nil); err != nil {
+		t.Fatalf("the name of a failed Parse: %v", err)
+	}
+	// Close is per client: b's statement of the same text keeps working.
+	if err := a.Deallocate(ctx, "s"); err != nil {
+		t.Fatal(err)
+	}
+	res := b.ExecPrepared(ctx, "s", [][]byte{[]byte("7")}, nil, nil).Read()
+	if res.Err != nil || len(res.Rows) != 1 || string(res.Rows[0][0]) != "7" {
+		t.Fatalf("b's statement after a closed its own: %v %v", res.Rows, res.Err)
+	}
+	res = a.ExecPrepared(ctx, "s", [][]byte{[]byte("7")}, nil, nil).Read()
+	wantSQLState(t, res.Err, "26000")
+	if _, err := a.Prepare(ctx, "s", "SELECT $1::int * 2", nil); err != nil {
+		t.Fatalf("a name closed by its client: %v", err)
+	}
+	res = a.ExecPrepared(ctx, "s", [][]byte{[]byte("7")}, nil, nil).Read()
+	if res.Err != nil || string(res.Rows[0][0]) != "14" {
+		t.Fatalf("re-prepared statement: %v %v", res.Rows, res.Err)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -97,8 +98,9 @@ const (
 // expect is an answer the proxy expects from the server, in order (see pooledConn.queue).
 type expect struct {
 	kind expectKind
-	// name is the server-side statement of a Parse ("" for the unnamed one).
-	name string
+	// name is the server-side statement of a Parse ("" for the unnamed one), client
+	// the client's name of the statement of its own Parse.
+	name, client string
 	// refusal replaces the server's error for a refused statement's stand-in.
 	refusal []byte
 	// capture: the injected query is captureSQL.
@@ -399,7 +401,14 @@ func (v *pooledConn) parse(out, msg []byte) []byte {
 	name := zstring(body)
 	rest := body[len(name)+1:]
 	query := zstring(rest)
-	if r := refusedInTransactionMode(query); r != nil {
+	r := refusedInTransactionMode(query)
+	if r == nil && name != "" && v.stmts[name] != nil {
+		r = errorMessage(sqlstate.DuplicatePreparedStatement, fmt.Sprintf("prepared statement %q already exists", name), "")
+	}
+	if r != nil {
+		if name == "" {
+			v.unnamed, v.pc.unnamed = nil, nil
+		}
 		v.queue = append(v.queue, expect{kind: expParse, refusal: r})
 		return appendMessage(out, clientParse, standInParseNamed)
 	}
@@ -418,7 +427,7 @@ func (v *pooledConn) parse(out, msg []byte) []byte {
 		v.queue = append(v.queue, expect{kind: expInjectedClose})
 	}
 	v.pc.prepared[st.sname] = true
-	v.queue = append(v.queue, expect{kind: expParse, name: st.sname})
+	v.queue = append(v.queue, expect{kind: expParse, name: st.sname, client: name})
 	return appendMessage(out, clientParse, []byte(st.sname), []byte{0}, st.rest)
 }
 
@@ -615,10 +624,20 @@ func (v *pooledConn) serverMessage(msg []byte) {
 			// statements it did not prepare.
 			for len(v.queue) > 0 && v.queue[0].kind != expSync {
 				if e := v.queue[0]; e.kind == expParse || e.kind == expInjectedParse {
-					if e.name != "" {
+					switch {
+					case e.refusal != nil: // a stand-in: nothing to forget
+					case e.name != "":
 						delete(pc.prepared, e.name)
-					} else {
+					default:
 						pc.unnamed = nil
+					}
+					if e.kind == expParse && e.refusal == nil {
+						// The client's statement was not created.
+						if e.client != "" {
+							delete(v.stmts, e.client)
+						} else {
+							v.unnamed = nil
+						}
 					}
 				}
 				v.queue = v.queue[1:]

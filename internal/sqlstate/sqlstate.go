@@ -57,6 +57,10 @@ const (
 	UndefinedColumn = "42703"
 	// UndefinedObject is undefined_object: an unknown ID tag.
 	UndefinedObject = "42704"
+	// DuplicatePreparedStatement is duplicate_prepared_statement: in transaction pool mode,
+	// a client's Parse of a statement name it already has, answered by the proxy as the
+	// server would.
+	DuplicatePreparedStatement = "42P05"
 	// UndefinedTable is undefined_table: the Leaf schema is not migrated yet.
 	UndefinedTable = "42P01"
 	// UndefinedParameter is undefined_parameter: a $n the statement has no value for.

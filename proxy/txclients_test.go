@@ -566,3 +566,17 @@ func TestTxPoolStatementNames(t *testing.T) {
 		t.Fatalf("re-prepared statement: %v %v", res.Rows, res.Err)
 	}
 }
+
+func TestContainsFold(t *testing.T) {
+	for _, c := range []struct {
+		s, sub string
+		want   bool
+	}{
+		{"LISTEN x", "listen", true}, {"select 1", "listen", false}, {"x pg_Advisory_Lock(1)", "pg_advisory_lock", true},
+		{"lis", "listen", false}, {"", "temp", false}, {"CREATE TEMP TABLE", "temp", true},
+	} {
+		if got := containsFold(c.s, c.sub); got != c.want {
+			t.Errorf("containsFold(%q, %q) = %v", c.s, c.sub, got)
+		}
+	}
+}

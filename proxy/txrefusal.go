@@ -29,12 +29,11 @@ const refusalHint = "Use a database or user whose pool-mode is session for this.
 // refusedInTransactionMode returns the ErrorResponse that refuses sql, nil when sql can
 // run in transaction mode.
 func refusedInTransactionMode(sql string) []byte {
-	lower := strings.ToLower(sql)
-	if strings.Contains(lower, "pg_advisory_lock") || strings.Contains(lower, "pg_try_advisory_lock") {
+	if containsFold(sql, "pg_advisory_lock") || containsFold(sql, "pg_try_advisory_lock") {
 		return refusedMessage("session-level advisory locks")
 	}
-	if !strings.Contains(lower, "listen") && !strings.Contains(lower, "prepare") &&
-		!strings.Contains(lower, "hold") && !strings.Contains(lower, "temp") {
+	if !containsFold(sql, "listen") && !containsFold(sql, "prepare") &&
+		!containsFold(sql, "hold") && !containsFold(sql, "temp") {
 		return nil
 	}
 	tree, err := pg_query.Parse(sql)
@@ -71,4 +70,18 @@ func refusedStatement(stmt *pg_query.Node) string {
 
 func refusedMessage(what string) []byte {
 	return errorMessage(sqlstate.FeatureNotSupported, what+" cannot be used in transaction pool mode", refusalHint)
+}
+
+// containsFold reports whether s contains the lower-case ASCII word sub in any case,
+// without allocating: it runs on every statement.
+func containsFold(s, sub string) bool {
+	first := sub[0]
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if c := s[i]; c == first || c+('a'-'A') == first {
+			if strings.EqualFold(s[i:i+len(sub)], sub) {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -149,6 +150,7 @@ type pooledConn struct {
 	synth   []byte
 	rstream int       // touched by the reader only
 	rpc     *physConn // the connection rstream belongs to; reader only
+	rbuf    []byte    // the message being read; reader only
 }
 
 func newPooledConn(c *conn, key pool.Key) *pooledConn {
@@ -549,7 +551,10 @@ func (v *pooledConn) readServer(pc *physConn, p []byte) (int, error) {
 			return copy(p, h[:]), nil // p is a bufio.Reader's buffer: never shorter than 5
 		}
 	}
-	msg := make([]byte, 5+n)
+	msg := slices.Grow(v.rbuf[:0], 5+n)[:5+n]
+	if cap(msg) <= keepBufferSize {
+		v.rbuf = msg
+	}
 	copy(msg, h[:])
 	if _, err := io.ReadFull(pc.br, msg[5:]); err != nil {
 		return 0, unexpected(err)

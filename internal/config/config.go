@@ -43,6 +43,9 @@ type Config struct {
 	MaxMessageSize  int    `yaml:"max-message-size"`
 	EventLoops      int    `yaml:"event-loops"`
 
+	// Databases routes the database a client names to an upstream (databases.go).
+	Databases Databases `yaml:"databases"`
+
 	Store          string `yaml:"store"`
 	MigrateOnStart bool   `yaml:"migrate-on-start"`
 
@@ -158,6 +161,8 @@ type setting struct {
 	field func(*Config) any
 	// repeat: the flag may be given several times; each adds to the list.
 	repeat bool
+	// alias is a second flag name for the setting (--database for databases).
+	alias string
 }
 
 // EnvName returns the environment variable of a setting name: worker-id → LEAFPROXY_WORKER_ID.
@@ -170,6 +175,8 @@ var settings = []setting{
 		field: func(c *Config) any { return &c.Listen }},
 	{name: "upstream", arg: "HOST:PORT|SOCKET", usage: "address of the real PostgreSQL server: host:port, or the path of a Unix socket",
 		field: func(c *Config) any { return &c.Upstream }},
+	{name: "databases", alias: "database", arg: "NAME=CONNSTRING", repeat: true, usage: "route the database NAME clients ask for to an upstream, as a PgBouncer [databases] line: host=H port=P dbname=D (or upstream=HOST:PORT|SOCKET); NAME * serves every other database; repeatable; unset: every database goes to upstream",
+		field: func(c *Config) any { return &c.Databases }},
 	{name: "upstream-sslmode", arg: "MODE", usage: "TLS to the upstream: disable, prefer, require or verify-full (libpq's meanings)",
 		field: func(c *Config) any { return &c.UpstreamSSLMode }},
 	{name: "upstream-ca", arg: "FILE", usage: "PEM file of CA certificates that verify the upstream under verify-full (default: the system roots)",

@@ -47,6 +47,7 @@ func (c *Config) Validate() error {
 			bad("upstream", "%v", err)
 		}
 	}
+	c.checkDatabases(bad)
 	switch c.UpstreamSSLMode {
 	case "disable", "prefer", "require", "verify-full":
 	default:

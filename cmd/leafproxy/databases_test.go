@@ -1,0 +1,168 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/leafproxy/leafproxy/internal/testenv"
+)
+
+// databaseOf is the database name of a PostgreSQL URL.
+func databaseOf(dsn string) string {
+	rest := dsn[strings.Index(dsn, "@")+1:]
+	rest = rest[strings.Index(rest, "/")+1:]
+	if i := strings.Index(rest, "?"); i >= 0 {
+		rest = rest[:i]
+	}
+	return rest
+}
+
+// proxyDB is the URL of database name through the proxy at listen.
+func proxyDB(t *testing.T, dsn, listen, name string) string {
+	t.Helper()
+	u := proxyURL(t, dsn, listen)
+	return strings.Replace(u, "/"+databaseOf(dsn), "/"+name, 1)
+}
+
+func connectDB(t *testing.T, url string) *pgx.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatalf("connect to %s: %v", url, err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+func inDatabase(t *testing.T, conn *pgx.Conn) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var name string
+	if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&name); err != nil {
+		t.Fatal(err)
+	}
+	return name
+}
+
+// TestDatabasesReloadOnSIGHUP runs serve with a databases map in its file: clients land
+// in the database of the name they ask for, and every database takes IDs from the one
+// engine set. A SIGHUP after the file changed routes new sessions by the new map while a
+// session in progress keeps its database; /readyz names an upstream that is down; a
+// file that no longer validates keeps the map in use and the log names the bad key.
+func TestDatabasesReloadOnSIGHUP(t *testing.T) {
+	t.Parallel()
+	store := newStore(t)
+	dbA, dbB := testenv.NewDatabase(t), testenv.NewDatabase(t)
+	nameA, nameB := databaseOf(dbA), databaseOf(dbB)
+	down := freeAddr(t) // nothing listens there
+	file := filepath.Join(t.TempDir(), "leafproxy.yaml")
+	write := func(text string) {
+		t.Helper()
+		if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(fmt.Sprintf("databases:\n  app: dbname=%s\n  reports: {dbname: %s}\n  \"*\": {upstream: %q}\n",
+		nameA, nameB, upstreamOf(t, store)))
+	s := startServe(t, nil, serveArgs(t, store, 31, "--config", file)...)
+	waitReady(s)
+
+	app := connectDB(t, proxyDB(t, store, s.listen, "app"))
+	reports := connectDB(t, proxyDB(t, store, s.listen, "reports"))
+	other := connectDB(t, proxyDB(t, store, s.listen, databaseOf(store)))
+	for _, tc := range []struct {
+		conn *pgx.Conn
+		want string
+	}{{app, nameA}, {reports, nameB}, {other, databaseOf(store)}} {
+		if got := inDatabase(t, tc.conn); got != tc.want {
+			t.Errorf("in %s, want %s", got, tc.want)
+		}
+	}
+	// One engine set: the segment tag's IDs keep increasing across databases.
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var last int64
+	for i, conn := range []*pgx.Conn{app, reports, other, app} {
+		var id int64
+		if err := conn.QueryRow(ctx, "SELECT leaf_next('audit')").Scan(&id); err != nil || id <= last {
+			t.Fatalf("leaf_next('audit') #%d = %d, %v after %d", i, id, err, last)
+		}
+		last = id
+	}
+
+	reloads := func() int { return strings.Count(s.log.String(), "databases reloaded for new sessions") }
+	write(fmt.Sprintf("databases:\n  app: dbname=%s\n  gone: {upstream: %q}\n", nameB, down))
+	if err := s.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	s.waitFor("the reload", func() bool { return reloads() == 1 })
+	if got := inDatabase(t, connectDB(t, proxyDB(t, store, s.listen, "app"))); got != nameB {
+		t.Errorf("a new app session after the reload is in %s, want %s", got, nameB)
+	}
+	if got := inDatabase(t, app); got != nameA {
+		t.Errorf("the app session of before the reload is in %s, want %s", got, nameA)
+	}
+	_, err := pgx.Connect(ctx, proxyDB(t, store, s.listen, "reports"))
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "3D000" || pgErr.Message != `database "reports" does not exist` {
+		t.Errorf("reports after it left the map: %v, want 3D000", err)
+	}
+	s.waitFor("/readyz to name the upstream that is down", func() bool {
+		code, body := s.get("/readyz", "")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, down) && strings.Contains(body, "database gone")
+	})
+
+	write("databases:\n  app: host=127.0.0.1 pool_mode=transaction\n")
+	if err := s.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	s.waitFor("the refused reload", func() bool {
+		return strings.Contains(s.log.String(), "configuration not reloaded: keeping the databases in use")
+	})
+	if log := s.log.String(); !strings.Contains(log, `key \"pool_mode\" is not supported yet`) {
+		t.Errorf("the log does not name the key:\n%s", log)
+	}
+	if got := inDatabase(t, connectDB(t, proxyDB(t, store, s.listen, "app"))); got != nameB || reloads() != 1 {
+		t.Errorf("after a refused reload app is in %s (want %s), reloads %d", got, nameB, reloads())
+	}
+	s.stop()
+}
+
+// TestDatabasesConfigErrors: serve refuses a databases setting it cannot honour, naming
+// the setting and the key.
+func TestDatabasesConfigErrors(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		env  []string
+		want []string
+	}{
+		{args: []string{"--database", "app=host=10.0.0.5 pool_size=20"}, want: []string{"-database", `database "app"`, `key "pool_size" is not supported yet`}},
+		{env: []string{"LEAFPROXY_DATABASES=app=host=h hots=x"}, want: []string{"databases (env LEAFPROXY_DATABASES)", `unknown key "hots"`}},
+		{args: []string{"--database", "app=upstream=nohostport"}, want: []string{"databases (flag --databases)", `upstream "nohostport" is not host:port`}},
+	} {
+		r := leafproxy(t, append([]string{"LEAFPROXY_STORE=postgres://leaf@127.0.0.1:1/x"}, tc.env...), append([]string{"serve"}, tc.args...)...)
+		if r.code != 2 {
+			t.Errorf("%v %v: exit %d, want 2\n%s", tc.args, tc.env, r.code, r.stderr)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(r.stderr, w) {
+				t.Errorf("%v %v: stderr lacks %q:\n%s", tc.args, tc.env, w, r.stderr)
+			}
+		}
+	}
+}

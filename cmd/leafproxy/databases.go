@@ -4,17 +4,23 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
+	"path/filepath"
 	"reflect"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/sirupsen/logrus"
 
 	"github.com/leafproxy/leafproxy/internal/config"
 	"github.com/leafproxy/leafproxy/internal/health"
 	"github.com/leafproxy/leafproxy/proxy"
+	"github.com/leafproxy/leafproxy/rewrite"
 )
 
 // This file routes the databases clients name to their upstreams (the databases setting,
@@ -139,6 +145,7 @@ func (a *app) reloadDatabases() {
 	a.dbs.mu.Lock()
 	a.dbs.cfg = cfg
 	a.dbs.mu.Unlock()
+	a.refreshCatalogDatabases(cfg)
 	a.proxy.SetRoutes(routesOf(cfg))
 	a.upstreamProbe.SetTarget(upstreamTarget(cfg))
 	fields := logrus.Fields{"databases": cfg.Databases.String(), "upstream": cfg.Upstream}
@@ -181,4 +188,123 @@ func fieldOf(c *config.Config, name string) any {
 // started with and the environment of the process.
 func reloadFrom(flags *config.Flags) func() (*config.Config, error) {
 	return func() (*config.Config, error) { return config.Load(flags, os.LookupEnv) }
+}
+
+// catalogDB is a database the catalog of the filled tables is read from, besides the
+// store's database at the upstream.
+type catalogDB struct {
+	addr string // as configured, for messages
+	host string // host name, or the directory of a Unix socket
+	port uint16
+	name string
+}
+
+// catalogDatabases lists the databases of cfg's databases setting whose name is known:
+// the dbname of an entry, else its own name. Databases reached through "*" with the name
+// the client asked for cannot be listed: they share the catalog of the store's database.
+func catalogDatabases(cfg *config.Config) []catalogDB {
+	var out []catalogDB
+	seen := map[string]bool{}
+	for _, d := range cfg.Databases {
+		name := d.DBName
+		if name == "" && d.Name != config.FallbackDatabase {
+			name = d.Name
+		}
+		addr := d.Upstream
+		if addr == "" {
+			addr = cfg.Upstream
+		}
+		if name == "" || seen[addr+"\x00"+name] {
+			continue
+		}
+		seen[addr+"\x00"+name] = true
+		host, port, err := splitUpstream(addr)
+		if err != nil {
+			continue // validated by config: not reached
+		}
+		out = append(out, catalogDB{addr: addr, host: host, port: port, name: name})
+	}
+	return out
+}
+
+// splitUpstream turns an upstream address into pgx's host and port: a Unix socket path
+// /dir/.s.PGSQL.5432 becomes the directory and the port, as libpq spells it.
+func splitUpstream(addr string) (string, uint16, error) {
+	if strings.HasPrefix(addr, "/") {
+		dir, file := filepath.Split(addr)
+		p, err := strconv.ParseUint(strings.TrimPrefix(file, ".s.PGSQL."), 10, 16)
+		if err != nil || !strings.HasPrefix(file, ".s.PGSQL.") {
+			return "", 0, fmt.Errorf("socket %s is not named .s.PGSQL.PORT", addr)
+		}
+		return filepath.Clean(dir), uint16(p), nil
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, err
+	}
+	p, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		return "", 0, fmt.Errorf("port %q: %w", port, err)
+	}
+	return host, uint16(p), nil
+}
+
+// setDatabases makes the next load read the filled tables of dbs as well.
+func (c *catalog) setDatabases(dbs []catalogDB) {
+	c.mu.Lock()
+	c.dbs = dbs
+	c.mu.Unlock()
+}
+
+// mergeCatalog adds the tables of other to snap. A table whose columns or types differ
+// from snap's is removed from snap and named in differ, which it returns; a table named
+// in differ stays out.
+func mergeCatalog(snap, other map[tableName]rewrite.Table, differ []string) []string {
+	for k, t := range other {
+		name := k.schema + "." + k.table
+		if slices.Contains(differ, name) {
+			continue
+		}
+		have, ok := snap[k]
+		switch {
+		case !ok:
+			snap[k] = t
+		case !reflect.DeepEqual(have, t):
+			delete(snap, k)
+			differ = append(differ, name)
+		}
+	}
+	sort.Strings(differ)
+	return differ
+}
+
+// warnDiffering logs the filled tables the catalog left out because their columns differ
+// between databases.
+func (a *app) warnDiffering(cat *catalog) {
+	cat.mu.Lock()
+	differ := cat.differ
+	cat.mu.Unlock()
+	if len(differ) > 0 {
+		a.log.WithField("tables", strings.Join(differ, ",")).Warn("filled tables whose columns differ between databases: an INSERT without a column list into them is refused (0A000); name the columns")
+	}
+}
+
+// refreshCatalogDatabases points the catalog at the databases of cfg and reads it again,
+// so that the sessions routed by a reloaded map are planned with their tables' columns.
+func (a *app) refreshCatalogDatabases(cfg *config.Config) {
+	cat := a.catalogNow()
+	if cat == nil {
+		return
+	}
+	cat.setDatabases(catalogDatabases(cfg))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	changed, err := cat.load(ctx)
+	switch {
+	case err != nil:
+		a.log.WithError(err).Warn("cannot read the columns of the filled tables; retrying at the next refresh")
+	case changed:
+		a.rewriterNow().CatalogChanged()
+	}
+	a.warnDiffering(cat)
 }

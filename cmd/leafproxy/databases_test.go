@@ -166,3 +166,48 @@ func TestDatabasesConfigErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestDatabasesCatalog: the filled tables' columns are read from every database of the
+// map. A table laid out the same everywhere is planned as usual; one whose columns differ
+// between databases is left out, so an INSERT without a column list into it is refused
+// (0A000) instead of filling the key position of another database's layout, while an
+// INSERT naming its columns still gets its ID.
+func TestDatabasesCatalog(t *testing.T) {
+	t.Parallel()
+	store := newStore(t)
+	dbA, dbB := testenv.NewDatabase(t), testenv.NewDatabase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	for dsn, ddl := range map[string]string{
+		store: "CREATE TABLE orders (id bigint, item text)",
+		dbA:   "CREATE TABLE orders (item text, id bigint)",
+		dbB:   "CREATE TABLE orders (id bigint, item text)",
+	} {
+		conn := connectDB(t, dsn)
+		if _, err := conn.Exec(ctx, ddl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := startServe(t, nil, serveArgs(t, store, 32,
+		"--database", "a=dbname="+databaseOf(dbA), "--database", "b=dbname="+databaseOf(dbB))...)
+	waitReady(s)
+	s.waitFor("the warning about orders", func() bool {
+		return strings.Contains(s.log.String(), "filled tables whose columns differ between databases") &&
+			strings.Contains(s.log.String(), "public.orders")
+	})
+
+	a := connectDB(t, proxyDB(t, store, s.listen, "a"))
+	_, err := a.Exec(ctx, "INSERT INTO orders VALUES (NULL, DEFAULT)")
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "0A000" {
+		t.Errorf("INSERT without a column list into a's orders: %v, want 0A000", err)
+	}
+	var id int64
+	if err := a.QueryRow(ctx, "INSERT INTO orders (item) VALUES ('named') RETURNING id").Scan(&id); err != nil || id == 0 {
+		t.Errorf("INSERT naming its columns in a: %d, %v", id, err)
+	}
+	var n int
+	if err := connectDB(t, dbA).QueryRow(ctx, "SELECT count(*) FROM orders WHERE id IS NULL OR item ~ '^[0-9]+$'").Scan(&n); err != nil || n != 0 {
+		t.Errorf("rows of a with no ID or an ID in item: %d, %v", n, err)
+	}
+}

@@ -86,13 +86,24 @@ func (ds Databases) String() string {
 // new lines (the environment variable gives them all at once).
 func (ds *Databases) Set(s string) error {
 	*ds = nil
-	return ds.add(strings.FieldsFunc(s, func(r rune) bool { return r == ';' || r == '\n' }))
+	return ds.add(splitEntries(s))
 }
 
-// setFlags replaces the setting with the entries of repeated --database flags.
+// setFlags replaces the setting with the entries of repeated --database flags, each
+// read as Set reads it.
 func (ds *Databases) setFlags(vals []string) error {
 	*ds = nil
-	return ds.add(vals)
+	for _, v := range vals {
+		if err := ds.add(splitEntries(v)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// splitEntries splits entries separated by ';' or new lines.
+func splitEntries(s string) []string {
+	return strings.FieldsFunc(s, func(r rune) bool { return r == ';' || r == '\n' })
 }
 
 func (ds *Databases) add(entries []string) error {

@@ -84,10 +84,16 @@ func upstreamTarget(cfg *config.Config) string {
 	return strings.Join(out, ", ")
 }
 
-// checkUpstreams dials every upstream of the routes in use (see health.DialPostgres) and
-// names each one that does not answer with the databases it serves.
+// checkUpstreams dials every upstream of the routes in use (see health.DialPostgres) and,
+// when there are several, names each one that does not answer with the databases it
+// serves.
 func (a *app) checkUpstreams(ctx context.Context) error {
 	addrs := a.routingConfig().UpstreamAddrs()
+	if len(addrs) == 1 {
+		for addr := range addrs {
+			return health.DialPostgres(ctx, addr) // the target names it already
+		}
+	}
 	var (
 		mu       sync.Mutex
 		problems []string

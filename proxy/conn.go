@@ -97,12 +97,12 @@ func (c *conn) serve() {
 	}
 	params := startupParams(packet)
 	c.log = c.log.WithFields(logrus.Fields{"user": params["user"], "database": params["database"]})
-	if s.inShutdown.Load() {
-		c.refuse(codeCannotConnectNow, "the database system is shutting down")
-		return
-	}
 	packet, routed := c.route(packet, params)
 	if !routed {
+		return
+	}
+	if s.inShutdown.Load() {
+		c.refuse(codeCannotConnectNow, "the database system is shutting down")
 		return
 	}
 	if !s.acquireSession() {

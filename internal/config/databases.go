@@ -353,13 +353,13 @@ func quoteConnValue(v string) string {
 }
 
 // checkDatabases checks the addresses of the databases setting; Validate calls it.
-func (c *Config) checkDatabases(bad func(name, format string, args ...any)) {
+func checkDatabases(c *Config, bad func(format string, args ...any)) {
 	for _, d := range c.Databases {
 		if d.Upstream == "" || strings.HasPrefix(d.Upstream, "/") {
 			continue
 		}
 		if err := checkHostPort(d.Upstream); err != nil {
-			bad("databases", "database %q: upstream %v", d.Name, err)
+			bad("database %q: upstream %v", d.Name, err)
 		}
 	}
 }

@@ -158,11 +158,10 @@ type setting struct {
 	name  string
 	arg   string // placeholder in help texts; default by type (see FlagArg)
 	usage string
+	alias string // a second flag name (--database for databases)
 	field func(*Config) any
 	// repeat: the flag may be given several times; each adds to the list.
 	repeat bool
-	// alias is a second flag name for the setting (--database for databases).
-	alias string
 }
 
 // EnvName returns the environment variable of a setting name: worker-id → LEAFPROXY_WORKER_ID.

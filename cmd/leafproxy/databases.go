@@ -116,28 +116,9 @@ func (a *app) checkUpstreams(ctx context.Context) error {
 	return errors.New(strings.Join(problems, "; "))
 }
 
-// startDatabaseReload applies the routing table of the configuration and, from now on,
-// reads the configuration again on every SIGHUP until ctx ends.
-func (a *app) startDatabaseReload(ctx context.Context, wg *sync.WaitGroup) {
-	a.proxy.SetRoutes(routesOf(a.routingConfig()))
-	hup, stop := notifyHangup()
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		defer stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-hup:
-				a.reloadDatabases()
-			}
-		}
-	}()
-}
-
 // reloadDatabases reads the configuration again and applies its databases and upstream
-// when it is valid; otherwise the routes in use stay.
+// when it is valid; otherwise the routes in use stay. The SIGHUP watcher (watchFill)
+// calls it.
 func (a *app) reloadDatabases() {
 	if a.dbs.load == nil {
 		return

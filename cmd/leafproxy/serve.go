@@ -311,7 +311,6 @@ func (a *app) run(ctx context.Context) (err error) {
 	if a.proxy, err = a.newProxy(); err != nil {
 		return err
 	}
-	a.startDatabaseReload(ctx, &wg)
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
@@ -423,6 +422,7 @@ func (a *app) newProxy() (*proxy.Server, error) {
 		}
 		s.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	}
+	s.SetRoutes(routesOf(a.routingConfig()))
 	return s, nil
 }
 

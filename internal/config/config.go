@@ -43,11 +43,11 @@ type Config struct {
 	MaxMessageSize  int    `yaml:"max-message-size"`
 	EventLoops      int    `yaml:"event-loops"`
 
-	// Databases routes the database a client names to an upstream (databases.go).
-	Databases Databases `yaml:"databases"`
-
 	Store          string `yaml:"store"`
 	MigrateOnStart bool   `yaml:"migrate-on-start"`
+
+	// Databases routes the database a client names to an upstream (databases.go).
+	Databases Databases `yaml:"databases"`
 
 	HTTP      string `yaml:"http"`
 	HTTPToken string `yaml:"http-token"`

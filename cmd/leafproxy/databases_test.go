@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,7 +16,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/leafproxy/leafproxy/internal/config"
 	"github.com/leafproxy/leafproxy/internal/testenv"
+	"github.com/leafproxy/leafproxy/proxy"
+	"github.com/leafproxy/leafproxy/rewrite"
 )
 
 // databaseOf is the database name of a PostgreSQL URL.
@@ -209,5 +213,54 @@ func TestDatabasesCatalog(t *testing.T) {
 	var n int
 	if err := connectDB(t, dbA).QueryRow(ctx, "SELECT count(*) FROM orders WHERE id IS NULL OR item ~ '^[0-9]+$'").Scan(&n); err != nil || n != 0 {
 		t.Errorf("rows of a with no ID or an ID in item: %d, %v", n, err)
+	}
+}
+
+func TestRoutesOfAndCatalogDatabases(t *testing.T) {
+	cfg := &config.Config{Upstream: "10.0.0.1:5432", Databases: config.Databases{
+		{Name: "app", Upstream: "10.0.0.5:5433", DBName: "app_prod"},
+		{Name: "sock", Upstream: "/var/run/postgresql/.s.PGSQL.5433"},
+		{Name: "local", DBName: "app_dev"},
+		{Name: "*"},
+	}}
+	routes := routesOf(cfg)
+	for name, want := range map[string]proxy.Route{
+		"app":   {Upstream: "10.0.0.5:5433", Database: "app_prod"},
+		"sock":  {Upstream: "/var/run/postgresql/.s.PGSQL.5433"},
+		"local": {Upstream: "10.0.0.1:5432", Database: "app_dev"},
+		"other": {Upstream: "10.0.0.1:5432"},
+	} {
+		if got, ok := routes.Lookup(name); !ok || got != want {
+			t.Errorf("route of %s = %+v, %v; want %+v", name, got, ok, want)
+		}
+	}
+	wantDBs := []catalogDB{
+		{addr: "10.0.0.5:5433", host: "10.0.0.5", port: 5433, name: "app_prod"},
+		{addr: "/var/run/postgresql/.s.PGSQL.5433", host: "/var/run/postgresql", port: 5433, name: "sock"},
+		{addr: "10.0.0.1:5432", host: "10.0.0.1", port: 5432, name: "app_dev"},
+	}
+	if got := catalogDatabases(cfg); !reflect.DeepEqual(got, wantDBs) {
+		t.Errorf("catalogDatabases = %+v, want %+v", got, wantDBs)
+	}
+	if _, ok := routesOf(&config.Config{Upstream: "h:1", Databases: cfg.Databases[:1]}).Lookup("other"); ok {
+		t.Error("a map without * routes a name it does not list")
+	}
+	if got, ok := routesOf(&config.Config{Upstream: "h:1"}).Lookup("any"); !ok || got != (proxy.Route{Upstream: "h:1"}) {
+		t.Errorf("without databases: %+v, %v", got, ok)
+	}
+	if got := upstreamTarget(cfg); got != "/var/run/postgresql/.s.PGSQL.5433, 10.0.0.1:5432, 10.0.0.5:5433" {
+		t.Errorf("upstreamTarget = %q", got)
+	}
+}
+
+func TestMergeCatalog(t *testing.T) {
+	ab := rewrite.Table{Columns: []string{"a", "b"}, Types: []string{"bigint", "text"}}
+	ba := rewrite.Table{Columns: []string{"b", "a"}, Types: []string{"text", "bigint"}}
+	snap := map[tableName]rewrite.Table{{"public", "t"}: ab, {"public", "u"}: ab}
+	differ := mergeCatalog(snap, map[tableName]rewrite.Table{{"public", "t"}: ba, {"public", "u"}: ab, {"x", "v"}: ba}, nil)
+	differ = mergeCatalog(snap, map[tableName]rewrite.Table{{"public", "t"}: ab}, differ)
+	want := map[tableName]rewrite.Table{{"public", "u"}: ab, {"x", "v"}: ba}
+	if !reflect.DeepEqual(snap, want) || !reflect.DeepEqual(differ, []string{"public.t"}) {
+		t.Errorf("merged %v, differ %v", snap, differ)
 	}
 }

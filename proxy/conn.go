@@ -61,6 +61,8 @@ type conn struct {
 	// loop is the event loop session while a loop serves the connection; client and
 	// upstream then hold placeholders, and everything happens on the loop's goroutine.
 	loop atomic.Pointer[loopSession]
+
+	upstreamAddr string // where the session's upstream is (see route); set before the dial
 }
 
 func newConnState(s *Server, nc net.Conn) *conn {
@@ -95,6 +97,10 @@ func (c *conn) serve() {
 	}
 	params := startupParams(packet)
 	c.log = c.log.WithFields(logrus.Fields{"user": params["user"], "database": params["database"]})
+	packet, routed := c.route(packet, params)
+	if !routed {
+		return
+	}
 	if s.inShutdown.Load() {
 		c.refuse(codeCannotConnectNow, "the database system is shutting down")
 		return
@@ -112,7 +118,7 @@ func (c *conn) serve() {
 		// client's side too.
 		c.log.WithError(err).Warn("cannot connect to upstream")
 		c.refuseDetail(codeConnectionUnable, "could not connect to the upstream server",
-			fmt.Sprintf("upstream %s: %v", s.Upstream, err))
+			fmt.Sprintf("upstream %s: %v", c.upstreamAddr, err))
 		return
 	}
 	if err := c.authenticate(); err != nil {
@@ -187,7 +193,7 @@ func (c *conn) startClientTLS() error {
 // connectUpstream dials the upstream and sends it the client's startup packet unchanged, so
 // that every parameter the client chose reaches the database in the client's order.
 func (c *conn) connectUpstream(packet []byte) error {
-	uc, err := c.srv.dialUpstream(c.ctx)
+	uc, err := c.srv.dialUpstream(c.ctx, c.upstreamAddr)
 	if err != nil {
 		return err
 	}

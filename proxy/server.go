@@ -114,6 +114,7 @@ type Server struct {
 	sessions   atomic.Int64                     // clients past the startup packet, counted against MaxClientConns
 	nextID     atomic.Uint64
 	cancels    cancelRegistry
+	routing    routing // see SetRoutes
 	loops      loopGroup
 }
 

@@ -27,12 +27,21 @@ type tableName struct{ schema, table string }
 // catalog is the rewriter's view of the filled tables' columns: read from the upstream's
 // pg_attribute (attnum order, dropped columns left out) with the store's credentials and
 // database, and replaced as a whole on each refresh. It is safe for concurrent use.
+//
+// One rewriter serves the sessions of every database, so with a databases setting the
+// catalog is read from each database it names as well (see catalogDatabases), and a
+// table whose columns differ between them is left out: an INSERT without a column list
+// into it is refused (0A000) rather than planned by another database's column order.
 type catalog struct {
 	conn *pgx.ConnConfig // the store's settings at the upstream's address
 	snap atomic.Pointer[map[tableName]rewrite.Table]
 
 	mu    sync.Mutex
 	rules []config.FillRule // the rules whose tables are read; setRules replaces them
+	dbs   []catalogDB       // further databases read; setDatabases replaces them
+	// differ names the tables left out at the last load because their columns differ
+	// between databases.
+	differ []string
 }
 
 // newCatalog returns a catalog of the tables rules fill, empty until the first load.
@@ -84,21 +93,45 @@ ORDER BY n.nspname, c.relname, a.attnum`
 // load reads the columns of the filled tables and reports whether they differ from what
 // the catalog held.
 func (c *catalog) load(ctx context.Context) (changed bool, err error) {
-	conn, err := pgx.ConnectConfig(ctx, c.conn.Copy())
+	c.mu.Lock()
+	rules, dbs := c.rules, c.dbs
+	c.mu.Unlock()
+	snap, err := c.read(ctx, c.conn.Copy(), rules)
 	if err != nil {
-		return false, fmt.Errorf("catalog: %w", err)
+		return false, err
+	}
+	var differ []string
+	for _, db := range dbs {
+		cc := c.conn.Copy()
+		cc.Host, cc.Port, cc.Database = db.host, db.port, db.name
+		other, err := c.read(ctx, cc, rules)
+		if err != nil {
+			return false, fmt.Errorf("database %s at %s: %w", db.name, db.addr, err)
+		}
+		differ = mergeCatalog(snap, other, differ)
+	}
+	c.mu.Lock()
+	c.differ = differ
+	c.mu.Unlock()
+	changed = !reflect.DeepEqual(*c.snap.Load(), snap)
+	c.snap.Store(&snap)
+	return changed, nil
+}
+
+// read reads the columns of the tables rules fill from the database cc connects to.
+func (c *catalog) read(ctx context.Context, cc *pgx.ConnConfig, rules []config.FillRule) (map[tableName]rewrite.Table, error) {
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		return nil, fmt.Errorf("catalog: %w", err)
 	}
 	defer conn.Close(context.Background())
-	c.mu.Lock()
-	rules := c.rules
-	c.mu.Unlock()
 	var names []string
 	for _, r := range rules {
 		names = append(names, r.Table)
 	}
 	rows, err := conn.Query(ctx, catalogQuery, names)
 	if err != nil {
-		return false, fmt.Errorf("catalog: %w", err)
+		return nil, fmt.Errorf("catalog: %w", err)
 	}
 	snap := map[tableName]rewrite.Table{}
 	var schema, table, column, typ string
@@ -114,11 +147,9 @@ func (c *catalog) load(ctx context.Context) (changed bool, err error) {
 		return nil
 	})
 	if err != nil {
-		return false, fmt.Errorf("catalog: %w", err)
+		return nil, fmt.Errorf("catalog: %w", err)
 	}
-	changed = !reflect.DeepEqual(*c.snap.Load(), snap)
-	c.snap.Store(&snap)
-	return changed, nil
+	return snap, nil
 }
 
 // filled reports whether one of rules fills schema.table.
@@ -169,11 +200,13 @@ func (a *app) catalogRules(cfgRules []config.FillRule) ([]rewrite.FillRule, rewr
 		}
 	}
 	cat.setRules(cfgRules)
+	cat.setDatabases(catalogDatabases(a.routingConfig()))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if _, err := cat.load(ctx); err != nil {
 		a.log.WithError(err).Warn("cannot read the columns of the filled tables; retrying at the next refresh")
 	}
+	a.warnDiffering(cat)
 	var rules []rewrite.FillRule
 	for _, r := range cfgRules {
 		if typ := cat.keyType(r); a.router.IsSnowflake(r.Tag) && (typ == "integer" || typ == "smallint") {
@@ -228,6 +261,7 @@ func (a *app) refreshCatalog(ctx context.Context, interval time.Duration) {
 		case changed:
 			a.rewriterNow().CatalogChanged()
 			a.log.Info("columns of the filled tables changed; plans dropped")
+			a.warnDiffering(cat)
 		}
 	}
 }

@@ -46,6 +46,9 @@ type Config struct {
 	Store          string `yaml:"store"`
 	MigrateOnStart bool   `yaml:"migrate-on-start"`
 
+	// Databases routes the database a client names to an upstream (databases.go).
+	Databases Databases `yaml:"databases"`
+
 	HTTP      string `yaml:"http"`
 	HTTPToken string `yaml:"http-token"`
 	HTTPPprof bool   `yaml:"http-pprof"`
@@ -155,6 +158,7 @@ type setting struct {
 	name  string
 	arg   string // placeholder in help texts; default by type (see FlagArg)
 	usage string
+	alias string // a second flag name (--database for databases)
 	field func(*Config) any
 	// repeat: the flag may be given several times; each adds to the list.
 	repeat bool
@@ -170,6 +174,8 @@ var settings = []setting{
 		field: func(c *Config) any { return &c.Listen }},
 	{name: "upstream", arg: "HOST:PORT|SOCKET", usage: "address of the real PostgreSQL server: host:port, or the path of a Unix socket",
 		field: func(c *Config) any { return &c.Upstream }},
+	{name: "databases", alias: "database", arg: "NAME=CONNSTRING", repeat: true, usage: "route the database NAME clients ask for to an upstream, as a PgBouncer [databases] line: host=H port=P dbname=D (or upstream=HOST:PORT|SOCKET); NAME * serves every other database; repeatable; unset: every database goes to upstream",
+		field: func(c *Config) any { return &c.Databases }},
 	{name: "upstream-sslmode", arg: "MODE", usage: "TLS to the upstream: disable, prefer, require or verify-full (libpq's meanings)",
 		field: func(c *Config) any { return &c.UpstreamSSLMode }},
 	{name: "upstream-ca", arg: "FILE", usage: "PEM file of CA certificates that verify the upstream under verify-full (default: the system roots)",

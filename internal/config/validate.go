@@ -47,6 +47,7 @@ func (c *Config) Validate() error {
 			bad("upstream", "%v", err)
 		}
 	}
+	checkDatabases(c, func(format string, args ...any) { bad("databases", format, args...) })
 	switch c.UpstreamSSLMode {
 	case "disable", "prefer", "require", "verify-full":
 	default:

@@ -8,6 +8,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 )
 
 // errStartupRefused reports that the upstream ended the startup with an ErrorResponse,
@@ -24,7 +26,7 @@ func (c *conn) authenticate() error {
 			return c.upstreamStartupFailed(err)
 		}
 		switch typ {
-		case 'R':
+		case serverAuthentication:
 			body, err := c.ur.readBody(n)
 			if err != nil {
 				return c.upstreamStartupFailed(err)
@@ -36,7 +38,7 @@ func (c *conn) authenticate() error {
 			if code == pgproto3.AuthTypeSASL && !c.channelBindingPasses() {
 				body = withoutMechanism(body, mechanismSCRAMPlus)
 			}
-			if err := c.writeClient('R', body); err != nil {
+			if err := c.writeClient(serverAuthentication, body); err != nil {
 				return err
 			}
 			if err := c.cw.Flush(); err != nil {
@@ -47,7 +49,7 @@ func (c *conn) authenticate() error {
 					return err
 				}
 			}
-		case 'K':
+		case serverBackendKeyData:
 			body, err := c.ur.readBody(n)
 			if err != nil {
 				return c.upstreamStartupFailed(err)
@@ -56,16 +58,16 @@ func (c *conn) authenticate() error {
 				return fmt.Errorf("BackendKeyData of %d bytes", len(body))
 			}
 			c.setCancelKey(string(body))
-			if err := c.writeClient('K', body); err != nil {
+			if err := c.writeClient(serverBackendKeyData, body); err != nil {
 				return err
 			}
-		case 'E':
+		case serverErrorResponse:
 			if err := c.relayRaw(typ, n); err != nil {
 				return err
 			}
 			_ = c.cw.Flush()
 			return errStartupRefused
-		case 'Z':
+		case serverReadyForQuery:
 			body, err := c.ur.readBody(n)
 			if err != nil {
 				return c.upstreamStartupFailed(err)
@@ -73,7 +75,7 @@ func (c *conn) authenticate() error {
 			if len(body) != 1 {
 				return fmt.Errorf("ReadyForQuery of %d bytes", len(body))
 			}
-			if err := c.writeClient('Z', body); err != nil {
+			if err := c.writeClient(serverReadyForQuery, body); err != nil {
 				return err
 			}
 			if err := c.cw.Flush(); err != nil {
@@ -82,7 +84,7 @@ func (c *conn) authenticate() error {
 			// Published last: from here on Shutdown may write to the client.
 			c.txStatus.Store(uint32(body[0]))
 			return nil
-		case 'S': // ParameterStatus
+		case serverParameterStatus:
 			body, err := c.ur.readBody(n)
 			if err != nil {
 				return c.upstreamStartupFailed(err)
@@ -102,7 +104,7 @@ func (c *conn) authenticate() error {
 
 // upstreamStartupFailed tells the client that the upstream went away during startup.
 func (c *conn) upstreamStartupFailed(err error) error {
-	_, _ = c.cw.Write(fatal(codeConnectionFailure, "upstream server closed the connection during startup"))
+	_, _ = c.cw.Write(fatal(sqlstate.ConnectionFailure, "upstream server closed the connection during startup"))
 	_ = c.cw.Flush()
 	return fmt.Errorf("reading upstream startup: %w", err)
 }
@@ -113,8 +115,8 @@ func (c *conn) relayAuthResponse(code uint32) error {
 	if err != nil {
 		return fmt.Errorf("reading authentication response: %w", err)
 	}
-	if typ != 'p' {
-		_, _ = c.cw.Write(fatal(codeProtocolViolation,
+	if typ != clientPassword {
+		_, _ = c.cw.Write(fatal(sqlstate.ProtocolViolation,
 			fmt.Sprintf("expected password response, got message type %q", typ)))
 		_ = c.cw.Flush()
 		return fmt.Errorf("client sent %q during authentication", typ)
@@ -232,17 +234,17 @@ func (c *conn) relaySASLInitialResponse(n int) error {
 		msg := &pgproto3.ErrorResponse{
 			Severity:            severityFatal,
 			SeverityUnlocalized: severityFatal,
-			Code:                codeInvalidAuthorization,
+			Code:                sqlstate.InvalidAuthorizationSpecification,
 			Message:             "SCRAM channel binding cannot pass through the proxy: the client's TLS connection ends at the proxy, not at the database server",
 			Hint:                "Connect with channel_binding=disable, or without TLS to the proxy.",
 		}
 		b, _ := msg.Encode(nil)
-		c.srv.reject(codeInvalidAuthorization)
+		c.srv.reject(sqlstate.InvalidAuthorizationSpecification)
 		_, _ = c.cw.Write(b)
 		_ = c.cw.Flush()
 		return errors.New("client asked for SCRAM channel binding, which cannot pass through the proxy")
 	}
-	if err := c.writeUpstream('p', body); err != nil {
+	if err := c.writeUpstream(clientPassword, body); err != nil {
 		return err
 	}
 	return c.uw.Flush()

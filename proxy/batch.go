@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 	"github.com/leafproxy/leafproxy/rewrite"
 )
 
@@ -29,7 +30,7 @@ func (s *Server) maxBatch() int64 {
 // batchIDs draws n IDs of tag into the session's ID buffer, after checking n.
 func (c *conn) batchIDs(tag string, n int64) ([]int64, error) {
 	if limit := c.srv.maxBatch(); n < 1 || n > limit {
-		return nil, &rewrite.Error{Code: rewrite.CodeInvalidParameter,
+		return nil, &rewrite.Error{Code: sqlstate.InvalidParameterValue,
 			Message: fmt.Sprintf("the number of IDs of leaf_next(tag, n) must be between 1 and %d, got %d", limit, n),
 			Hint:    "Ask for at most the proxy's max-batch IDs at a time."}
 	}
@@ -42,7 +43,7 @@ func (c *conn) batchIDs(tag string, n int64) ([]int64, error) {
 		s.idsBuf = ids[:0]
 	}
 	if err != nil {
-		return nil, &idError{err}
+		return nil, err // the source words its errors; errorResponse gives them a SQLSTATE
 	}
 	return ids, nil
 }
@@ -51,11 +52,7 @@ func (c *conn) batchIDs(tag string, n int64) ([]int64, error) {
 // outstanding and the transaction has not failed (as fastPath), else through the server.
 func (c *conn) onBatchQuery(b *rewrite.Batch) error {
 	s := &c.sess
-	s.mu.Lock()
-	idle := len(s.queue) == 0 && s.cur == nil
-	s.mu.Unlock()
-	tx := c.txStatus.Load()
-	local := idle && c.pending.Load() == 0 && tx != 'E'
+	tx, local := c.mayAnswerQuery()
 	var ids []int64
 	var err error
 	switch {
@@ -67,25 +64,15 @@ func (c *conn) onBatchQuery(b *rewrite.Batch) error {
 		ids, err = c.batchIDs(b.Tag, b.Count)
 	}
 	if err != nil {
-		if !local || tx != 'I' {
+		if !local || tx != txIdle {
 			return c.refuseQuery(err, "", planRefused)
 		}
-		// Outside a block with nothing outstanding the proxy's answer is the server's.
-		r := errorResponse(err)
-		c.countError(r)
-		c.cwMu.Lock()
-		defer c.cwMu.Unlock()
-		return c.writeLocalLocked(r.msg)
+		return c.answerQueryError(err)
 	}
 	if local {
 		out := appendRowDescription(s.outBuf[:0], b.Column, false)
 		out = appendBatchRows(out, ids, false)
-		out = appendCommandComplete(out, "SELECT "+strconv.Itoa(len(ids)))
-		s.outBuf = keepSmall(out)
-		c.rewritten("fast_path")
-		c.cwMu.Lock()
-		defer c.cwMu.Unlock()
-		return c.writeLocalLocked(out)
+		return c.answerQuery(appendCommandComplete(out, "SELECT "+strconv.Itoa(len(ids))))
 	}
 	out := append(b.AppendLiteral(s.outBuf[:0], ids), 0)
 	s.outBuf = keepSmall(out)
@@ -95,7 +82,7 @@ func (c *conn) onBatchQuery(b *rewrite.Batch) error {
 	s.mu.Unlock()
 	c.pending.Add(1)
 	c.rewritten("query")
-	return c.send('Q', out)
+	return c.send(clientQuery, out)
 }
 
 // appendBatchRows appends one DataRow per ID.
@@ -147,11 +134,11 @@ func batchArgs(b *rewrite.Batch, types []uint32, m *bindMessage) (string, int64,
 	}
 	if p := b.CountParam; p > 0 {
 		if p > len(m.params) || m.params[p-1] == nil {
-			return "", 0, &rewrite.Error{Code: rewrite.CodeInvalidParameter, Message: fmt.Sprintf("the number of IDs of leaf_next(tag, n) in parameter $%d is NULL", p)}
+			return "", 0, &rewrite.Error{Code: sqlstate.InvalidParameterValue, Message: fmt.Sprintf("the number of IDs of leaf_next(tag, n) in parameter $%d is NULL", p)}
 		}
 		v, err := bindInt(m.params[p-1], m.format(p-1), types[p-1])
 		if err != nil {
-			return "", 0, &rewrite.Error{Code: rewrite.CodeInvalidParameter,
+			return "", 0, &rewrite.Error{Code: sqlstate.InvalidParameterValue,
 				Message: fmt.Sprintf("the number of IDs of leaf_next(tag, n) in parameter $%d: %v", p, err)}
 		}
 		n = v
@@ -202,8 +189,7 @@ func appendInt8Array(b []byte, ids []int64, binaryFormat bool) []byte {
 		b = binary.BigEndian.AppendUint32(b, uint32(len(ids)))
 		b = binary.BigEndian.AppendUint32(b, 1) // lower bound
 		for _, id := range ids {
-			b = binary.BigEndian.AppendUint32(b, 8)
-			b = binary.BigEndian.AppendUint64(b, uint64(id))
+			b = appendInt8Value(b, id, true)
 		}
 	} else {
 		b = append(b, '{')
@@ -226,7 +212,7 @@ func (c *conn) parseBatch(name string, plan *rewrite.Plan, oids []byte, mat *loc
 	b := plan.Batch
 	types, _ := batchParamTypes(b, plan.MaxParam, oids)
 	if len(types)+1 > 65535 {
-		return c.refuseExtended(&rewrite.Error{Code: codeProgramLimitExceeded, Message: "too many parameters with the hidden leaf ID parameter"}, name == "")
+		return c.refuseExtended(&rewrite.Error{Code: sqlstate.ProgramLimitExceeded, Message: "too many parameters with the hidden leaf ID parameter"}, name == "")
 	}
 	out := append(s.outBuf[:0], name...)
 	out = append(out, 0)
@@ -248,10 +234,10 @@ func (c *conn) bindBatch(st *statement, name string, body []byte) error {
 	s := &c.sess
 	m, _, ok := parseBind(body)
 	if !ok || (len(m.formats) > 1 && len(m.formats) != len(m.params)) {
-		return c.forwardExtended('B', body) // the server reports the malformed Bind
+		return c.forwardExtended(clientBind, body) // the server reports the malformed Bind
 	}
 	if len(m.params) != len(st.params) {
-		return c.refuseExtended(&rewrite.Error{Code: codeProtocolViolation,
+		return c.refuseExtended(&rewrite.Error{Code: sqlstate.ProtocolViolation,
 			Message: fmt.Sprintf("bind message supplies %d parameters, but prepared statement %q requires %d", len(m.params), name, len(st.params))}, false)
 	}
 	tag, n, err := batchArgs(st.batch, st.params, &m)
@@ -262,27 +248,11 @@ func (c *conn) bindBatch(st *statement, name string, body []byte) error {
 	if err != nil {
 		return c.refuseExtended(err, false)
 	}
-	out := append(s.outBuf[:0], m.head...)
-	out = binary.BigEndian.AppendUint16(out, uint16(len(m.formats)+min(len(m.formats)/2, 1)))
-	for _, f := range m.formats {
-		out = binary.BigEndian.AppendUint16(out, f)
-	}
-	if len(m.formats) > 1 {
-		out = binary.BigEndian.AppendUint16(out, 0)
-	}
-	out = binary.BigEndian.AppendUint16(out, uint16(len(m.params)+1))
-	for _, p := range m.params {
-		if p == nil {
-			out = binary.BigEndian.AppendUint32(out, 0xffffffff)
-			continue
-		}
-		out = binary.BigEndian.AppendUint32(out, uint32(len(p)))
-		out = append(out, p...)
-	}
-	out = appendInt8Array(out, ids, len(m.formats) == 1 && m.formats[0] == 1)
+	out := appendBindParams(s.outBuf[:0], &m, 1)
+	out = appendInt8Array(out, ids, m.hiddenBinary())
 	out = append(out, m.results...)
 	s.outBuf = keepSmall(out)
-	return c.forwardExtended('B', out)
+	return c.forwardExtended(clientBind, out)
 }
 
 // bindLocalBatch draws the IDs of a local batch portal at Bind, where the server path
@@ -295,10 +265,7 @@ func (c *conn) bindLocalBatch(lc *localCycle, p *localPortal, m *bindMessage) bo
 		ids, err = c.batchIDs(tag, n)
 	}
 	if err != nil {
-		r := errorResponse(err)
-		c.countError(r)
-		lc.out = append(lc.out, r.msg...)
-		lc.failed = true
+		c.failLocal(lc, err)
 		return false
 	}
 	p.ids = append(p.ids, ids...)
@@ -317,7 +284,7 @@ func (c *conn) executeLocalBatch(lc *localCycle, p *localPortal, maxRows int32) 
 	if maxRows > 0 && int(maxRows) <= len(rows) {
 		lc.out = appendBatchRows(lc.out, rows[:maxRows], p.binary)
 		p.sent += int(maxRows)
-		lc.out = append(lc.out, 's', 0, 0, 0, 4)
+		lc.out = appendEmpty(lc.out, serverPortalSuspended)
 		return
 	}
 	lc.out = appendBatchRows(lc.out, rows, p.binary)

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 )
 
 // conn is one client connection and, once the client has sent its startup packet, the
@@ -43,7 +45,7 @@ type conn struct {
 	idWait    context.CancelCauseFunc // ends the wait for an ID in progress (see nextID); under mu
 
 	// Protocol state shared by the two relay goroutines.
-	txStatus atomic.Uint32 // last ReadyForQuery status: 'I', 'T' or 'E'; 0 before the first
+	txStatus atomic.Uint32 // last ReadyForQuery status: txIdle, txInBlock or txFailed; 0 before the first
 	pending  atomic.Int64  // ReadyForQuery messages the client still awaits
 	told     atomic.Bool   // the proxy has sent the client its own final error
 	// unsafeEncoding is set while the session's client_encoding (as the server last
@@ -102,11 +104,11 @@ func (c *conn) serve() {
 		return
 	}
 	if s.inShutdown.Load() {
-		c.refuse(codeCannotConnectNow, "the database system is shutting down")
+		c.refuse(sqlstate.CannotConnectNow, "the database system is shutting down")
 		return
 	}
 	if !s.acquireSession() {
-		c.refuse(codeTooManyConnections, "sorry, too many clients already")
+		c.refuse(sqlstate.TooManyConnections, "sorry, too many clients already")
 		return
 	}
 	if !c.holdSession() {
@@ -117,7 +119,7 @@ func (c *conn) serve() {
 		// addresses only, never credentials), so that a wrong upstream is found from the
 		// client's side too.
 		c.log.WithError(err).Warn("cannot connect to upstream")
-		c.refuseDetail(codeConnectionUnable, "could not connect to the upstream server",
+		c.refuseDetail(sqlstate.ConnectionUnable, "could not connect to the upstream server",
 			fmt.Sprintf("upstream %s: %v", c.upstreamAddr, err))
 		return
 	}
@@ -151,7 +153,7 @@ func (c *conn) negotiate() ([]byte, error) {
 			}
 		case code == gssEncRequestCode && len(packet) == 8:
 			// GSSAPI encryption cannot be terminated by a proxy; the client falls back.
-			if _, err := c.client.Write([]byte{'N'}); err != nil {
+			if _, err := c.client.Write([]byte{sslRefused}); err != nil {
 				return nil, err
 			}
 		case code == cancelRequestCode && len(packet) >= 16:
@@ -160,7 +162,7 @@ func (c *conn) negotiate() ([]byte, error) {
 		case code>>16 == protocolMajor3:
 			return packet, nil
 		default:
-			c.refuse(codeFeatureNotSupported, fmt.Sprintf(
+			c.refuse(sqlstate.FeatureNotSupported, fmt.Sprintf(
 				"unsupported frontend protocol %d.%d: server supports 3.0 to 3.2", code>>16, code&0xffff))
 			return nil, fmt.Errorf("unsupported startup code %d", code)
 		}
@@ -170,10 +172,10 @@ func (c *conn) negotiate() ([]byte, error) {
 func (c *conn) startClientTLS() error {
 	cfg := c.srv.TLSConfig
 	if cfg == nil || (len(cfg.Certificates) == 0 && cfg.GetCertificate == nil && cfg.GetConfigForClient == nil) {
-		_, err := c.client.Write([]byte{'N'})
+		_, err := c.client.Write([]byte{sslRefused})
 		return err
 	}
-	if _, err := c.client.Write([]byte{'S'}); err != nil {
+	if _, err := c.client.Write([]byte{sslAccepted}); err != nil {
 		return err
 	}
 	tc := tls.Server(&tlsTransport{Conn: c.client}, cfg)
@@ -288,15 +290,15 @@ func (c *conn) closeIfIdle() {
 		ls.requestCloseIfIdle()
 		return
 	}
-	if c.txStatus.Load() != 'I' || c.pending.Load() != 0 {
+	if c.txStatus.Load() != txIdle || c.pending.Load() != 0 {
 		return
 	}
 	if !c.cwMu.TryLock() {
 		return // a response is being relayed right now: not idle
 	}
-	if c.txStatus.Load() == 'I' && c.pending.Load() == 0 {
+	if c.txStatus.Load() == txIdle && c.pending.Load() == 0 {
 		_ = c.client.SetWriteDeadline(time.Now().Add(time.Second))
-		_, _ = c.cw.Write(fatal(codeAdminShutdown, "terminating connection due to administrator command"))
+		_, _ = c.cw.Write(fatal(sqlstate.AdminShutdown, "terminating connection due to administrator command"))
 		_ = c.cw.Flush()
 		c.cwMu.Unlock()
 		c.close()

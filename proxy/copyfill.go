@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 	"github.com/leafproxy/leafproxy/rewrite"
 )
 
@@ -210,7 +211,7 @@ func (c *conn) onCopyIn(ci *copyIn, typ byte, n int) error {
 		return err
 	}
 	s := &c.sess
-	if ci.text && !ci.checked && !ci.failed && typ != 'f' {
+	if ci.text && !ci.checked && !ci.failed && typ != clientCopyFail {
 		// The client sends data once it has the CopyInResponse, which the server sent
 		// after the ParameterStatus of any client_encoding change before the COPY: the
 		// encoding is known now, also when the COPY was pipelined behind the change.
@@ -219,19 +220,19 @@ func (c *conn) onCopyIn(ci *copyIn, typ byte, n int) error {
 			if err := c.failCopy(ci, errUnsafeEncoding()); err != nil {
 				return err
 			}
-			if typ != 'd' {
+			if typ != clientCopyData {
 				c.endCopyIn(ci)
 			}
 			return nil
 		}
 	}
-	if typ == 'c' && !ci.failed {
+	if typ == clientCopyDone && !ci.failed {
 		// CopyDone: a last row without a line end gets its keys first.
 		out, err := ci.filler.finish(s.outBuf[:0])
 		if err != nil {
 			err = c.failCopy(ci, err)
 		} else if len(out) > 0 {
-			err = c.send('d', out)
+			err = c.send(clientCopyData, out)
 			s.outBuf = keepSmall(out)
 		}
 		if err != nil || ci.failed {
@@ -239,7 +240,7 @@ func (c *conn) onCopyIn(ci *copyIn, typ byte, n int) error {
 			return err
 		}
 	}
-	if typ != 'd' {
+	if typ != clientCopyData {
 		c.endCopyIn(ci)
 		if ci.failed {
 			return nil // the server has left the COPY already
@@ -257,7 +258,7 @@ func (c *conn) onCopyIn(ci *copyIn, typ byte, n int) error {
 	if len(out) == 0 {
 		return nil
 	}
-	return c.send('d', out)
+	return c.send(clientCopyData, out)
 }
 
 // endCopyIn ends the session's filled COPY ci.
@@ -278,7 +279,7 @@ func (c *conn) failCopy(ci *copyIn, err error) error {
 	c.log.WithError(err).Debug("failing a COPY whose rows get keys")
 	r := errorResponse(err)
 	if errors.Is(err, errCopyFormat) {
-		r = errorResponse(&rewrite.Error{Code: codeBadCopyFormat, Message: err.Error(),
+		r = errorResponse(&rewrite.Error{Code: sqlstate.BadCopyFileFormat, Message: err.Error(),
 			Hint: "COPY … (FORMAT binary) data must be in PostgreSQL's binary COPY format."})
 	}
 	s.mu.Lock()
@@ -286,7 +287,7 @@ func (c *conn) failCopy(ci *copyIn, err error) error {
 		ci.cy.copyFailure = r
 	}
 	s.mu.Unlock()
-	return c.send('f', append(asciiOnly([]byte("leafproxy: "+err.Error())), 0))
+	return c.send(clientCopyFail, append(asciiOnly([]byte("leafproxy: "+err.Error())), 0))
 }
 
 // asciiOnly replaces the bytes of b outside printable ASCII by '?': the server converts a
@@ -300,12 +301,6 @@ func asciiOnly(b []byte) []byte {
 	return b
 }
 
-// SQLSTATEs of a filled COPY that fails.
-const (
-	codeBadCopyFormat = "22P04" // bad_copy_file_format: data the proxy cannot read as binary
-	codeQueryCanceled = "57014" // query_canceled: the server's answer to a CopyFail
-)
-
 // copyFailure returns, for the server's error about a CopyFail the proxy sent, the
 // proxy's own error that says why: an ID source's SQLSTATE (42704, 55000, 58000) or
 // 22P04, rather than the server's 57014.
@@ -314,7 +309,7 @@ func (c *conn) copyFailure(body []byte) *refusal {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cy := s.headLocked()
-	if cy == nil || cy.copyFailure.msg == nil || !bytes.Equal(errorField(body, 'C'), []byte(codeQueryCanceled)) {
+	if cy == nil || cy.copyFailure.msg == nil || !bytes.Equal(errorField(body, fieldCode), []byte(sqlstate.QueryCanceled)) {
 		return nil
 	}
 	r := cy.copyFailure

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 	"github.com/leafproxy/leafproxy/rewrite"
 )
 
@@ -40,7 +41,7 @@ func (c *conn) noteParameterStatus(body []byte) {
 // errUnsafeEncoding refuses a text or CSV COPY that the proxy would fill in an encoding
 // whose rows it cannot find.
 func errUnsafeEncoding() error {
-	return &rewrite.Error{Code: rewrite.CodeNotSupported,
+	return &rewrite.Error{Code: sqlstate.FeatureNotSupported,
 		Message: "COPY … FROM STDIN in the text or CSV format whose rows the proxy gives keys is not supported with this client_encoding: its multibyte characters may hold the bytes of line ends, quotes and backslashes",
 		Hint:    "Convert the data to UTF8 and SET client_encoding TO 'UTF8' for the COPY, or use COPY … (FORMAT binary)."}
 }

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 	"github.com/leafproxy/leafproxy/rewrite"
 )
 
@@ -15,18 +16,18 @@ import (
 func (c *conn) bindDecode(d *rewrite.Decode, body []byte) error {
 	m, _, ok := parseBind(body)
 	if !ok || d.Param > len(m.params) || (len(m.formats) > 1 && len(m.formats) != len(m.params)) {
-		return c.forwardExtended('B', body) // the server reports the malformed Bind
+		return c.forwardExtended(clientBind, body) // the server reports the malformed Bind
 	}
 	v := m.params[d.Param-1]
 	if v == nil {
-		return c.refuseExtended(&rewrite.Error{Code: rewrite.CodeInvalidParameter,
+		return c.refuseExtended(&rewrite.Error{Code: sqlstate.InvalidParameterValue,
 			Message: fmt.Sprintf("the ID passed to leaf_decode() in parameter $%d is NULL", d.Param)}, false)
 	}
 	if id, err := bindInt(v, m.format(d.Param-1), 0); err == nil && id < 0 {
-		return c.refuseExtended(&rewrite.Error{Code: rewrite.CodeInvalidParameter,
+		return c.refuseExtended(&rewrite.Error{Code: sqlstate.InvalidParameterValue,
 			Message: fmt.Sprintf("%d is not a snowflake ID: IDs are not negative", id)}, false)
 	}
-	return c.forwardExtended('B', body)
+	return c.forwardExtended(clientBind, body)
 }
 
 // SELECT leaf_decode(id) is answered by the proxy itself where it answers the single
@@ -66,21 +67,13 @@ func (c *conn) decodeRow(b []byte, d *rewrite.Decode, id int64, binaryFormat boo
 		}
 		ts = appendISOTimestamptz(nil, time.UnixMilli(millis).In(tf.loc))
 	}
-	b = append(b, 'D')
-	at := len(b)
-	b = append(b, 0, 0, 0, 0, 0, 3)
+	b, at := beginMessage(b, serverDataRow)
+	b = binary.BigEndian.AppendUint16(b, 3)
 	b = binary.BigEndian.AppendUint32(b, uint32(len(ts)))
 	b = append(b, ts...)
-	for _, v := range []int64{worker, seq} {
-		var digits [20]byte
-		value := strconv.AppendInt(digits[:0], v, 10)
-		if binaryFormat {
-			value = binary.BigEndian.AppendUint64(digits[:0], uint64(v))
-		}
-		b = binary.BigEndian.AppendUint32(b, uint32(len(value)))
-		b = append(b, value...)
-	}
-	binary.BigEndian.PutUint32(b[at:], uint32(len(b)-at))
+	b = appendInt8Value(b, worker, binaryFormat)
+	b = appendInt8Value(b, seq, binaryFormat)
+	b = endMessage(b, at)
 	return b, true
 }
 
@@ -107,49 +100,27 @@ func appendISOTimestamptz(b []byte, t time.Time) []byte {
 
 // appendDecodeDescription appends leaf_decode's RowDescription.
 func appendDecodeDescription(b []byte, binaryFormat bool) []byte {
-	b = append(b, 'T')
-	at := len(b)
-	b = append(b, 0, 0, 0, 0, 0, 3)
-	format := uint16(0)
-	if binaryFormat {
-		format = 1
-	}
+	b, at := beginMessage(b, serverRowDescription)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(decodeColumns)))
 	for _, col := range decodeColumns {
-		b = append(b, col.name...)
-		b = append(b, 0)
-		b = binary.BigEndian.AppendUint32(b, 0) // table OID
-		b = binary.BigEndian.AppendUint16(b, 0) // column number
-		b = binary.BigEndian.AppendUint32(b, col.oid)
-		b = binary.BigEndian.AppendUint16(b, 8)          // typlen
-		b = binary.BigEndian.AppendUint32(b, 0xffffffff) // typmod -1
-		b = binary.BigEndian.AppendUint16(b, format)
+		b = appendField(b, col.name, col.oid, binaryFormat)
 	}
-	binary.BigEndian.PutUint32(b[at:], uint32(len(b)-at))
-	return b
+	return endMessage(b, at)
 }
 
 // decodeQuery answers a Query that is SELECT leaf_decode(<literal>) itself when nothing is
 // outstanding, the transaction has not failed and the session's time format is known; it
 // reports false when the rewritten query must go to the server instead.
 func (c *conn) decodeQuery(d *rewrite.Decode) (bool, error) {
-	s := &c.sess
-	s.mu.Lock()
-	idle := len(s.queue) == 0 && s.cur == nil
-	s.mu.Unlock()
-	if !idle || c.pending.Load() != 0 || c.txStatus.Load() == 'E' {
+	if _, ok := c.mayAnswerQuery(); !ok {
 		return false, nil
 	}
-	out := appendDecodeDescription(s.outBuf[:0], false)
+	out := appendDecodeDescription(c.sess.outBuf[:0], false)
 	out, ok := c.decodeRow(out, d, d.ID, false)
 	if !ok {
 		return false, nil
 	}
-	out = appendCommandComplete(out, "SELECT 1")
-	s.outBuf = keepSmall(out)
-	c.rewritten("fast_path")
-	c.cwMu.Lock()
-	defer c.cwMu.Unlock()
-	return true, c.writeLocalLocked(out)
+	return true, c.answerQuery(appendCommandComplete(out, "SELECT 1"))
 }
 
 // decodeParamTypes returns the parameter types of a leaf_decode statement as the server
@@ -180,7 +151,7 @@ func decodeArg(d *rewrite.Decode, types []uint32, m *bindMessage) (id int64, ok 
 	}
 	v := m.params[d.Param-1]
 	if v == nil {
-		return 0, true, &rewrite.Error{Code: rewrite.CodeInvalidParameter,
+		return 0, true, &rewrite.Error{Code: sqlstate.InvalidParameterValue,
 			Message: fmt.Sprintf("the ID passed to leaf_decode() in parameter $%d is NULL", d.Param)}
 	}
 	switch t := types[d.Param-1]; {
@@ -196,7 +167,7 @@ func decodeArg(d *rewrite.Decode, types []uint32, m *bindMessage) (id int64, ok 
 		return 0, false, nil
 	}
 	if id < 0 {
-		return 0, true, &rewrite.Error{Code: rewrite.CodeInvalidParameter,
+		return 0, true, &rewrite.Error{Code: sqlstate.InvalidParameterValue,
 			Message: fmt.Sprintf("%d is not a snowflake ID: IDs are not negative", id)}
 	}
 	return id, true, nil

@@ -3,8 +3,8 @@ package proxy
 import (
 	"encoding/binary"
 	"fmt"
-	"strconv"
 
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 	"github.com/leafproxy/leafproxy/rewrite"
 )
 
@@ -29,96 +29,122 @@ func (c *conn) handleParse(body []byte, mat *localStatement) error {
 		s.setUnnamed(nil) // the server's unnamed statement is replaced
 	}
 	query, rest, ok2 := cStringView(rest) // only planned: c.plan copies what it keeps
-	if !ok1 || !ok2 || len(rest) < 2 || len(rest) != 2+4*be16(rest) || be16(rest) < 0 {
+	if !ok1 || !ok2 || !isParamTypes(rest) {
 		return c.forwardParse(body, name) // malformed: the server reports it
 	}
 	oids := rest[2:]
-	plan, err := c.plan(query)
-	if err == nil && plan != nil && plan.CopyFill != nil {
-		err = &rewrite.Error{Code: rewrite.CodeNotSupported,
-			Message: "COPY … FROM STDIN whose rows the proxy gives keys is not supported in the extended query protocol",
-			Hint:    "Send the COPY as a simple query, as pgx's CopyFrom and psql do."}
-	}
+	plan, err := c.planParse(query)
 	if err != nil {
 		return c.refuseExtended(err, name == "")
 	}
-	if plan == nil {
+	switch {
+	case plan == nil:
 		return c.forwardParse(body, name)
-	}
-	if plan.Batch != nil {
+	case plan.Batch != nil:
 		return c.parseBatch(name, plan, oids, mat)
 	}
-	s.mu.Lock()
-	var prepared *statement
-	if plan.Execute != nil {
-		prepared = s.statementLocked(plan.Execute.Name)
+	slots, extra, err := c.hiddenSlots(plan)
+	if err != nil {
+		return c.refuseExtended(err, name == "")
 	}
-	s.mu.Unlock()
-
-	// The hidden parameters: the plan's own slots, then, for an EXECUTE of a statement
-	// with hidden parameters, that statement's (their tags are EXECUTE's literals).
-	slots := plan.Slots
-	extra := 0
-	if plan.Execute != nil && prepared != nil && len(prepared.slots) > 0 {
-		slots = append(make([]rewrite.Slot, 0, len(plan.Slots)+len(prepared.slots)), plan.Slots...)
-		for _, sl := range prepared.slots {
-			if sl.Kind == rewrite.SlotTagParam {
-				tag, err := plan.Execute.Tag(sl.Param)
-				if err != nil {
-					return c.refuseExtended(err, name == "")
-				}
-				sl = rewrite.Slot{Kind: rewrite.SlotTag, Tag: tag}
-			}
-			slots = append(slots, sl)
-		}
-		extra = len(prepared.slots)
-	}
-	clientOIDs := len(oids) / 4
-	params := max(clientOIDs, plan.MaxParam)
-	if plan.Decode != nil && plan.Decode.Param > 0 {
+	params := max(len(oids)/4, plan.MaxParam)
+	switch {
+	case plan.Decode != nil && plan.Decode.Param > 0:
 		// Remembered so that Bind can check the ID (see bindDecode).
-		out := append(s.outBuf[:0], name...)
-		out = append(out, 0)
-		out = plan.AppendParams(out, params+1)
-		out = append(out, 0)
+		out := appendParseText(s.outBuf[:0], name, plan, params, 0)
 		out = append(out, rest...)
 		s.outBuf = keepSmall(out)
 		return c.sendParse(name, &statement{decode: plan.Decode}, plan, mat, out)
-	}
-	if len(slots) == 0 {
+	case len(slots) == 0:
 		// Nothing to fill per execution, but the text may still change (a PREPARE
 		// declares the hidden parameters of the statement it creates).
-		out := append(s.outBuf[:0], name...)
-		out = append(out, 0)
-		out = plan.AppendParams(out, params+1)
-		out = append(out, 0)
+		out := appendParseText(s.outBuf[:0], name, plan, params, 0)
 		out = append(out, rest...)
 		s.outBuf = keepSmall(out)
 		s.mu.Lock()
 		s.applySQLEffectsLocked(s.openLocked(), plan)
 		s.mu.Unlock()
 		return c.forwardParse(out, name)
+	case params+len(slots) > 65535:
+		return c.refuseExtended(&rewrite.Error{Code: sqlstate.ProgramLimitExceeded, Message: "too many parameters with the hidden leaf ID parameters"}, name == "")
 	}
-	if params+len(slots) > 65535 {
-		return c.refuseExtended(&rewrite.Error{Code: codeProgramLimitExceeded, Message: "too many parameters with the hidden leaf ID parameters"}, name == "")
+	out := appendParseText(s.outBuf[:0], name, plan, params, extra)
+	out = appendParamTypes(out, oids, params, slots, plan.UnreferencedParams)
+	s.outBuf = keepSmall(out)
+	return c.sendParse(name, &statement{slots: slots, fast: fastStatement(plan, params)}, plan, mat, out)
+}
+
+// isParamTypes reports whether the rest of a Parse body after the text is a well-formed
+// list of parameter types: a count, then as many OIDs.
+func isParamTypes(rest []byte) bool {
+	return len(rest) >= 2 && be16(rest) >= 0 && len(rest) == 2+4*be16(rest)
+}
+
+// planParse plans the text of a Parse, refusing what the extended protocol cannot carry.
+func (c *conn) planParse(query string) (*rewrite.Plan, error) {
+	plan, err := c.plan(query)
+	if err == nil && plan != nil && plan.CopyFill != nil {
+		return nil, &rewrite.Error{Code: sqlstate.FeatureNotSupported,
+			Message: "COPY … FROM STDIN whose rows the proxy gives keys is not supported in the extended query protocol",
+			Hint:    "Send the COPY as a simple query, as pgx's CopyFrom and psql do."}
 	}
-	out := append(s.outBuf[:0], name...)
+	return plan, err
+}
+
+// hiddenSlots returns the hidden parameters of a planned Parse: the plan's own slots,
+// then, for an EXECUTE of a statement with hidden parameters, that statement's (their
+// tags are EXECUTE's literals), whose number is extra.
+func (c *conn) hiddenSlots(plan *rewrite.Plan) (slots []rewrite.Slot, extra int, err error) {
+	if plan.Execute == nil {
+		return plan.Slots, 0, nil
+	}
+	s := &c.sess
+	s.mu.Lock()
+	prepared := s.statementLocked(plan.Execute.Name)
+	s.mu.Unlock()
+	if prepared == nil || len(prepared.slots) == 0 {
+		return plan.Slots, 0, nil
+	}
+	slots = append(make([]rewrite.Slot, 0, len(plan.Slots)+len(prepared.slots)), plan.Slots...)
+	for _, sl := range prepared.slots {
+		if sl.Kind == rewrite.SlotTagParam {
+			tag, err := plan.Execute.Tag(sl.Param)
+			if err != nil {
+				return nil, 0, err
+			}
+			sl = rewrite.Slot{Kind: rewrite.SlotTag, Tag: tag}
+		}
+		slots = append(slots, sl)
+	}
+	return slots, len(prepared.slots), nil
+}
+
+// appendParseText appends the start of a rewritten Parse body: the statement name and
+// the rewritten text, whose hidden parameters are numbered from params+1 (extra of them
+// belong to the statement an EXECUTE runs).
+func appendParseText(out []byte, name string, plan *rewrite.Plan, params, extra int) []byte {
+	out = append(out, name...)
 	out = append(out, 0)
 	if extra > 0 {
 		out = plan.AppendExecuteParams(out, params+1, extra)
 	} else {
 		out = plan.AppendParams(out, params+1)
 	}
-	out = append(out, 0)
+	return append(out, 0)
+}
+
+// appendParamTypes appends the parameter types of a rewritten Parse: the client's oids
+// padded with zeros (unspecified) up to params, then int8 for each hidden parameter. A
+// parameter in unreferenced only carried a leaf_next tag and is no longer referenced by
+// the rewritten text, so the server could not infer its type: it becomes text.
+func appendParamTypes(out, oids []byte, params int, slots []rewrite.Slot, unreferenced []int) []byte {
 	out = binary.BigEndian.AppendUint16(out, uint16(params+len(slots)))
 	out = append(out, oids...)
-	for i := clientOIDs; i < params; i++ {
+	for i := len(oids) / 4; i < params; i++ {
 		out = binary.BigEndian.AppendUint32(out, 0)
 	}
-	// A parameter that only carried a leaf_next tag is no longer referenced by the
-	// rewritten text, so the server could not infer its type: make it text.
 	typesAt := len(out) - 4*params
-	for _, p := range plan.UnreferencedParams {
+	for _, p := range unreferenced {
 		if p >= 1 && p <= params {
 			at := typesAt + 4*(p-1)
 			if binary.BigEndian.Uint32(out[at:]) == 0 {
@@ -129,8 +155,7 @@ func (c *conn) handleParse(body []byte, mat *localStatement) error {
 	for range slots {
 		out = binary.BigEndian.AppendUint32(out, oidInt8)
 	}
-	s.outBuf = keepSmall(out)
-	return c.sendParse(name, &statement{slots: slots, fast: fastStatement(plan, params)}, plan, mat, out)
+	return out
 }
 
 // sendParse records the statement a rewritten Parse creates and sends the Parse.
@@ -139,7 +164,7 @@ func (c *conn) sendParse(name string, st *statement, plan *rewrite.Plan, mat *lo
 	s.mu.Lock()
 	cy := s.openLocked()
 	cy.sent++
-	s.setStatementLocked(cy, name, st, '1')
+	s.setStatementLocked(cy, name, st, serverParseComplete)
 	if mat != nil {
 		cy.swallow = append(cy.swallow, cy.sent)
 		s.localStmt = nil
@@ -152,7 +177,7 @@ func (c *conn) sendParse(name string, st *statement, plan *rewrite.Plan, mat *lo
 	if mat == nil {
 		c.rewritten("parse")
 	}
-	return c.send('P', out)
+	return c.send(clientParse, out)
 }
 
 // forwardParse sends a Parse unchanged; the statement it creates has no hidden parameters.
@@ -161,9 +186,9 @@ func (c *conn) forwardParse(body []byte, name string) error {
 	s.mu.Lock()
 	cy := s.openLocked()
 	cy.sent++
-	s.setStatementLocked(cy, name, nil, '1')
+	s.setStatementLocked(cy, name, nil, serverParseComplete)
 	s.mu.Unlock()
-	return c.send('P', body)
+	return c.send(clientParse, body)
 }
 
 // bindMessage is a decoded Bind body; the slices point into the body.
@@ -173,6 +198,11 @@ type bindMessage struct {
 	params  [][]byte // nil is SQL NULL
 	results []byte   // result format codes with their count
 }
+
+// hiddenBinary reports whether the values of hidden parameters appended to m (see
+// appendBindParams) are in binary format: when the client gave one format for all, and
+// it is binary.
+func (m *bindMessage) hiddenBinary() bool { return len(m.formats) == 1 && m.formats[0] == 1 }
 
 func parseBind(body []byte) (bindMessage, string, bool) {
 	var m bindMessage
@@ -231,7 +261,7 @@ func (c *conn) onBind(n int) error {
 	if none && s.unnamed() == nil {
 		// No statement has hidden parameters: stream the Bind, however large.
 		s.countSent()
-		if err := writeHeader(c.uw, 'B', n); err != nil {
+		if err := writeHeader(c.uw, clientBind, n); err != nil {
 			return writeError{err}
 		}
 		return c.cr.copyBody(c.uw, n)
@@ -258,7 +288,7 @@ func (c *conn) handleBind(body []byte) error {
 		s.mu.Unlock()
 	}
 	if st == nil {
-		return c.forwardExtended('B', body)
+		return c.forwardExtended(clientBind, body)
 	}
 	if st.batch != nil {
 		return c.bindBatch(st, stmtName, body)
@@ -268,7 +298,7 @@ func (c *conn) handleBind(body []byte) error {
 	}
 	m, _, ok := parseBind(body)
 	if !ok || (len(m.formats) > 1 && len(m.formats) != len(m.params)) {
-		return c.forwardExtended('B', body) // the server reports the malformed Bind
+		return c.forwardExtended(clientBind, body) // the server reports the malformed Bind
 	}
 	ids := s.idsBuf[:0]
 	for _, slot := range st.slots {
@@ -280,24 +310,33 @@ func (c *conn) handleBind(body []byte) error {
 	}
 	s.idsBuf = ids
 
-	binaryIDs := len(m.formats) == 1 && m.formats[0] == 1
-	out := append(s.outBuf[:0], m.head...)
-	switch len(m.formats) {
-	case 0, 1:
-		out = binary.BigEndian.AppendUint16(out, uint16(len(m.formats)))
-		for _, f := range m.formats {
-			out = binary.BigEndian.AppendUint16(out, f)
-		}
-	default:
-		out = binary.BigEndian.AppendUint16(out, uint16(len(m.formats)+len(ids)))
-		for _, f := range m.formats {
-			out = binary.BigEndian.AppendUint16(out, f)
-		}
-		for range ids {
-			out = binary.BigEndian.AppendUint16(out, 0)
-		}
+	out := appendBindParams(s.outBuf[:0], &m, len(ids))
+	for _, id := range ids {
+		out = appendInt8Value(out, id, m.hiddenBinary())
 	}
-	out = binary.BigEndian.AppendUint16(out, uint16(len(m.params)+len(ids)))
+	out = append(out, m.results...)
+	s.outBuf = keepSmall(out)
+	return c.forwardExtended(clientBind, out)
+}
+
+// appendBindParams appends the start of a rewritten Bind body, up to the values of its
+// hidden parameters, which the caller appends next, and its result formats: the client's
+// names, its parameter formats (with text for each of the hidden parameters when it gave
+// one per parameter), the parameter count and the client's values.
+func appendBindParams(out []byte, m *bindMessage, hidden int) []byte {
+	out = append(out, m.head...)
+	formats := len(m.formats)
+	if formats > 1 {
+		formats += hidden
+	}
+	out = binary.BigEndian.AppendUint16(out, uint16(formats))
+	for _, f := range m.formats {
+		out = binary.BigEndian.AppendUint16(out, f)
+	}
+	for i := len(m.formats); i < formats; i++ {
+		out = binary.BigEndian.AppendUint16(out, 0)
+	}
+	out = binary.BigEndian.AppendUint16(out, uint16(len(m.params)+hidden))
 	for _, p := range m.params {
 		if p == nil {
 			out = binary.BigEndian.AppendUint32(out, 0xffffffff)
@@ -306,20 +345,7 @@ func (c *conn) handleBind(body []byte) error {
 		out = binary.BigEndian.AppendUint32(out, uint32(len(p)))
 		out = append(out, p...)
 	}
-	for _, id := range ids {
-		if binaryIDs {
-			out = binary.BigEndian.AppendUint32(out, 8)
-			out = binary.BigEndian.AppendUint64(out, uint64(id))
-			continue
-		}
-		var digits [20]byte
-		d := strconv.AppendInt(digits[:0], id, 10)
-		out = binary.BigEndian.AppendUint32(out, uint32(len(d)))
-		out = append(out, d...)
-	}
-	out = append(out, m.results...)
-	s.outBuf = keepSmall(out)
-	return c.forwardExtended('B', out)
+	return out
 }
 
 // bindStatement returns the statement name of a Bind body.
@@ -336,10 +362,10 @@ func bindStatement(body []byte) (string, bool) {
 // the same in text and binary format for a text value.
 func bindTag(params [][]byte, p int) (string, error) {
 	if p < 1 || p > len(params) {
-		return "", &rewrite.Error{Code: rewrite.CodeInvalidParameter, Message: fmt.Sprintf("Bind has no parameter $%d for the leaf_next tag", p)}
+		return "", &rewrite.Error{Code: sqlstate.InvalidParameterValue, Message: fmt.Sprintf("Bind has no parameter $%d for the leaf_next tag", p)}
 	}
 	if len(params[p-1]) == 0 {
-		return "", &rewrite.Error{Code: rewrite.CodeInvalidParameter, Message: fmt.Sprintf("the leaf_next tag in parameter $%d is NULL or empty", p)}
+		return "", &rewrite.Error{Code: sqlstate.InvalidParameterValue, Message: fmt.Sprintf("the leaf_next tag in parameter $%d is NULL or empty", p)}
 	}
 	return string(params[p-1]), nil
 }

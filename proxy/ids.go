@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 	"github.com/leafproxy/leafproxy/rewrite"
 )
 
@@ -35,10 +36,6 @@ type IDProber interface {
 	TryNextSnowflake() (id int64, ok bool)
 }
 
-// codeSystemError is the SQLSTATE for an ID source failure that carries none of its own
-// (58000, system_error: an error external to PostgreSQL).
-const codeSystemError = "58000"
-
 // OIDs the proxy declares or reports.
 const (
 	oidInt8      = 20
@@ -58,15 +55,12 @@ func (c *conn) nextID(slot rewrite.Slot, tag string) (int64, error) {
 	if err == nil && slot.Max > 0 && id > slot.Max {
 		// The key column is an integer or smallint: the ID must not reach the server, which
 		// would store it as another number or fail part way through a statement.
-		return 0, &rewrite.Error{Code: codeNumericOutOfRange,
+		return 0, &rewrite.Error{Code: sqlstate.NumericValueOutOfRange,
 			Message: fmt.Sprintf("ID %d of tag %q is out of range for the key column (at most %d)", id, slot.Tag, slot.Max),
 			Hint:    "The tag's IDs have outgrown the column's type: change the key column to bigint (ALTER TABLE … ALTER COLUMN … TYPE bigint)."}
 	}
 	return id, err
 }
-
-// codeNumericOutOfRange is the SQLSTATE of an ID too large for its key column.
-const codeNumericOutOfRange = "22003"
 
 // drawID takes one ID for slot from the ID source.
 func (c *conn) drawID(slot rewrite.Slot, tag string) (int64, error) {
@@ -139,7 +133,7 @@ func (c *conn) cancelIDWait() bool {
 type queryCanceledError struct{}
 
 func (queryCanceledError) Error() string    { return "canceling statement due to user request" }
-func (queryCanceledError) SQLState() string { return codeQueryCanceled }
+func (queryCanceledError) SQLState() string { return sqlstate.QueryCanceled }
 
 var errQueryCanceled error = queryCanceledError{}
 
@@ -160,7 +154,7 @@ func tryNextID(p IDProber, slot rewrite.Slot, tag string) (int64, bool) {
 // their SQLSTATE, hint and position; other errors give their SQLState() when they have
 // one, else 58000, and their Detail() and Hint() when they have them.
 func errorResponse(err error) refusal {
-	msg := &pgproto3.ErrorResponse{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: codeSystemError, Message: err.Error()}
+	msg := &pgproto3.ErrorResponse{Severity: severityError, Code: sqlstate.SystemError, Message: err.Error()}
 	var re *rewrite.Error
 	var coded interface{ SQLState() string }
 	switch {
@@ -177,8 +171,7 @@ func errorResponse(err error) refusal {
 	if msg.Hint == "" && errors.As(err, &hinted) {
 		msg.Hint = hinted.Hint()
 	}
-	b, _ := msg.Encode(nil)
-	return refusal{msg: b, code: msg.Code}
+	return refusal{msg: encodeError(msg), code: msg.Code}
 }
 
 // countError reports an error the proxy answered a client with itself to the OnError hook.
@@ -186,20 +179,4 @@ func (c *conn) countError(r refusal) {
 	if c.srv.OnError != nil {
 		c.srv.OnError(r.code)
 	}
-}
-
-// idError wraps an ID source failure. The source words its errors for the user; the
-// proxy adds only the SQLSTATE when the source gives none.
-type idError struct{ err error }
-
-func (e *idError) Error() string { return e.err.Error() }
-func (e *idError) Unwrap() error { return e.err }
-
-// SQLState returns the source's own SQLSTATE, or 58000.
-func (e *idError) SQLState() string {
-	var coded interface{ SQLState() string }
-	if errors.As(e.err, &coded) && coded.SQLState() != "" {
-		return coded.SQLState()
-	}
-	return codeSystemError
 }

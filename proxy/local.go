@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"encoding/binary"
-	"strconv"
 
 	"github.com/leafproxy/leafproxy/rewrite"
 )
@@ -107,17 +106,17 @@ func (c *conn) fromClientLocal(typ byte, n int) (bool, error) {
 	case lc.failed:
 		// After an error the server ignores everything up to Sync; so does the proxy.
 		switch typ {
-		case 'S':
+		case clientSync:
 			if _, err := c.cr.br.Discard(n); err != nil {
 				return true, unexpected(err)
 			}
 			return true, c.finishLocal()
-		case 'H':
+		case clientFlush:
 			if _, err := c.cr.br.Discard(n); err != nil {
 				return true, unexpected(err)
 			}
 			return true, c.flushLocal()
-		case 'X':
+		case clientTerminate:
 			return false, nil
 		}
 		_, err := c.cr.br.Discard(n)
@@ -126,7 +125,7 @@ func (c *conn) fromClientLocal(typ byte, n int) (bool, error) {
 		if err := c.replayLocal(); err != nil {
 			return true, err
 		}
-		if s.skip && typ != 'H' && typ != 'X' {
+		if s.skip && typ != clientFlush && typ != clientTerminate {
 			// The replay ended in a refusal: discarded up to Sync.
 			_, err := c.cr.br.Discard(n)
 			return true, unexpected(err)
@@ -138,7 +137,7 @@ func (c *conn) fromClientLocal(typ byte, n int) (bool, error) {
 		return true, err
 	}
 	if c.answerLocal(typ, body) {
-		if typ == 'S' {
+		if typ == clientSync {
 			return true, c.finishLocal()
 		}
 		lc := s.local
@@ -154,7 +153,7 @@ func (c *conn) fromClientLocal(typ byte, n int) (bool, error) {
 	}
 	if s.skip {
 		// The replay ended in a refusal: the messages up to Sync are discarded.
-		if typ != 'S' {
+		if typ != clientSync {
 			return true, nil
 		}
 		s.skip = false
@@ -164,7 +163,7 @@ func (c *conn) fromClientLocal(typ byte, n int) (bool, error) {
 
 func isLocalType(typ byte) bool {
 	switch typ {
-	case 'P', 'B', 'D', 'E', 'C', 'S':
+	case clientParse, clientBind, clientDescribe, clientExecute, clientClose, clientSync:
 		return true
 	}
 	return false
@@ -175,12 +174,12 @@ func isLocalType(typ byte) bool {
 // a fast-path statement.
 func (c *conn) mayStartLocal(typ byte, n int) bool {
 	s := &c.sess
-	if n > maxLocalMessage || c.pending.Load() != 0 || c.txStatus.Load() != 'I' {
+	if n > maxLocalMessage || c.pending.Load() != 0 || c.txStatus.Load() != txIdle {
 		return false
 	}
 	switch typ {
-	case 'P':
-	case 'B', 'D', 'C':
+	case clientParse:
+	case clientBind, clientDescribe, clientClose:
 		if s.unnamed() != nil {
 			break
 		}
@@ -234,191 +233,258 @@ func (s *sessionState) localOf(name string) (localQuery, bool) {
 
 // answerLocal answers one message of a local cycle, reporting false when the proxy cannot.
 func (c *conn) answerLocal(typ byte, body []byte) bool {
-	s := &c.sess
 	switch typ {
-	case 'P':
-		// Only the unnamed statement; parameter types only for a batch.
-		if len(body) < 1 || body[0] != 0 {
-			return false
+	case clientParse:
+		return c.answerParse(body)
+	case clientBind:
+		return c.answerBind(body)
+	case clientDescribe:
+		return c.answerDescribe(body)
+	case clientExecute:
+		return c.answerExecute(body)
+	case clientClose:
+		return c.answerClose(body)
+	case clientSync:
+		return c.sess.local != nil && len(body) == 0
+	}
+	return false
+}
+
+// answerParse answers a Parse of the unnamed statement whose plan the proxy can answer
+// itself (a fast path, a batch or a decoding), creating the local statement.
+func (c *conn) answerParse(body []byte) bool {
+	s := &c.sess
+	// Only the unnamed statement; parameter types only for a batch.
+	if len(body) < 1 || body[0] != 0 {
+		return false
+	}
+	query, rest, ok := cStringView(body[1:]) // only planned: c.plan copies what it keeps
+	if !ok || !isParamTypes(rest) {
+		return false
+	}
+	plan, err := c.plan(query)
+	if err != nil || plan == nil {
+		return false
+	}
+	var q localQuery
+	switch {
+	case plan.Batch != nil:
+		types, complete := batchParamTypes(plan.Batch, plan.MaxParam, rest[2:])
+		if !complete {
+			return false // the server refuses it
 		}
-		query, rest, ok := cStringView(body[1:]) // only planned: c.plan copies what it keeps
-		if !ok || len(rest) < 2 || be16(rest) < 0 || len(rest) != 2+4*be16(rest) {
-			return false
+		q = localQuery{batch: plan.Batch, params: types}
+	case plan.Decode != nil:
+		types, complete := decodeParamTypes(plan.Decode, plan.MaxParam, rest[2:])
+		if !complete {
+			return false // the server refuses it
 		}
-		plan, err := c.plan(query)
-		if err != nil || plan == nil {
-			return false
+		q = localQuery{decode: plan.Decode, params: types}
+	case be16(rest) == 0 && fastStatement(plan, plan.MaxParam) != nil:
+		q = localQuery{fast: plan.FastPath}
+	default:
+		return false
+	}
+	lc := s.begin()
+	s.setUnnamed(&localStatement{localQuery: q, parse: append([]byte(nil), body...)})
+	lc.out = appendEmpty(lc.out, serverParseComplete)
+	return true
+}
+
+// answerBind answers a Bind of a local statement into the unnamed portal. A batch draws
+// its IDs here, and leaf_decode makes its row, as the server would run them at Bind.
+func (c *conn) answerBind(body []byte) bool {
+	s := &c.sess
+	m, stmt, ok := parseBind(body)
+	if !ok || string(m.head[:1]) != "\x00" || (len(m.formats) > 1 && len(m.formats) != len(m.params)) {
+		return false
+	}
+	binaryResult := false
+	switch results := m.results; {
+	case len(results) == 2 && be16(results) == 0:
+	case len(results) == 4 && be16(results) == 1 && be16(results[2:]) <= 1:
+		binaryResult = be16(results[2:]) == 1
+	default:
+		return false // the server reports what is wrong with it
+	}
+	q, ok := s.localOf(stmt)
+	if !ok || len(m.params) != len(q.params) {
+		return false // the server reports a wrong number of parameters
+	}
+	var row []byte
+	var argErr error
+	if q.decode != nil {
+		id, ok, err := decodeArg(q.decode, q.params, &m)
+		if !ok {
+			return false // the server judges the value
 		}
-		var q localQuery
-		switch {
-		case plan.Batch != nil:
-			types, complete := batchParamTypes(plan.Batch, plan.MaxParam, rest[2:])
-			if !complete {
-				return false // the server refuses it
+		if argErr = err; err == nil {
+			if row, ok = c.decodeRow(nil, q.decode, id, binaryResult); !ok {
+				return false // the server prints the timestamp
 			}
-			q = localQuery{batch: plan.Batch, params: types}
-		case plan.Decode != nil:
-			types, complete := decodeParamTypes(plan.Decode, plan.MaxParam, rest[2:])
-			if !complete {
-				return false // the server refuses it
-			}
-			q = localQuery{decode: plan.Decode, params: types}
-		case be16(rest) == 0 && fastStatement(plan, plan.MaxParam) != nil:
-			q = localQuery{fast: plan.FastPath}
-		default:
+		}
+	}
+	lc := s.begin()
+	if argErr != nil {
+		c.failLocal(lc, argErr)
+		return true
+	}
+	lc.store = localPortal{localQuery: q, binary: binaryResult, ids: lc.store.ids[:0], row: row}
+	if q.batch != nil && !c.bindLocalBatch(lc, &lc.store, &m) {
+		return true
+	}
+	lc.portal = &lc.store
+	lc.out = appendEmpty(lc.out, serverBindComplete)
+	return true
+}
+
+// answerDescribe answers a Describe of a local statement or of the local portal.
+func (c *conn) answerDescribe(body []byte) bool {
+	s := &c.sess
+	if len(body) < 2 {
+		return false
+	}
+	name, rest, ok := cString(body[1:])
+	if !ok || len(rest) != 0 {
+		return false
+	}
+	switch body[0] {
+	case targetStatement:
+		q, ok := s.localOf(name)
+		if !ok {
 			return false
 		}
 		lc := s.begin()
-		s.setUnnamed(&localStatement{localQuery: q, parse: append([]byte(nil), body...)})
-		lc.out = append(lc.out, '1', 0, 0, 0, 4)
-	case 'B':
-		m, stmt, ok := parseBind(body)
-		if !ok || string(m.head[:1]) != "\x00" || (len(m.formats) > 1 && len(m.formats) != len(m.params)) {
-			return false
-		}
-		binaryResult := false
-		switch results := m.results; {
-		case len(results) == 2 && be16(results) == 0:
-		case len(results) == 4 && be16(results) == 1 && be16(results[2:]) <= 1:
-			binaryResult = be16(results[2:]) == 1
-		default:
-			return false // the server reports what is wrong with it
-		}
-		q, ok := s.localOf(stmt)
-		if !ok || len(m.params) != len(q.params) {
-			return false // the server reports a wrong number of parameters
-		}
-		var row []byte
-		var argErr error
-		if q.decode != nil {
-			id, ok, err := decodeArg(q.decode, q.params, &m)
-			if !ok {
-				return false // the server judges the value
-			}
-			if argErr = err; err == nil {
-				if row, ok = c.decodeRow(nil, q.decode, id, binaryResult); !ok {
-					return false // the server prints the timestamp
-				}
-			}
-		}
-		lc := s.begin()
-		if argErr != nil {
-			r := errorResponse(argErr)
-			c.countError(r)
-			lc.out = append(lc.out, r.msg...)
-			lc.failed = true
-			break
-		}
-		lc.store = localPortal{localQuery: q, binary: binaryResult, ids: lc.store.ids[:0], row: row}
-		if q.batch != nil && !c.bindLocalBatch(lc, &lc.store, &m) {
-			break
-		}
-		lc.portal = &lc.store
-		lc.out = append(lc.out, '2', 0, 0, 0, 4)
-	case 'D':
-		if len(body) < 2 {
-			return false
-		}
-		name, rest, ok := cString(body[1:])
-		if !ok || len(rest) != 0 {
-			return false
-		}
-		switch body[0] {
-		case 'S':
-			q, ok := s.localOf(name)
-			if !ok {
-				return false
-			}
-			lc := s.begin()
-			lc.out = appendParameterDescription(lc.out, q.params)
-			lc.out = q.appendDescription(lc.out, false)
-		case 'P':
-			if name != "" || s.local == nil || s.local.portal == nil {
-				return false
-			}
-			lc := s.local
-			lc.out = lc.portal.appendDescription(lc.out, lc.portal.binary)
-		default:
-			return false
-		}
-	case 'E':
-		if len(body) != 5 || body[0] != 0 || s.local == nil || s.local.portal == nil {
+		lc.out = appendParameterDescription(lc.out, q.params)
+		lc.out = q.appendDescription(lc.out, false)
+	case targetPortal:
+		if name != "" || s.local == nil || s.local.portal == nil {
 			return false
 		}
 		lc := s.local
-		p := lc.portal
-		if p.batch != nil {
-			c.executeLocalBatch(lc, p, int32(binary.BigEndian.Uint32(body[1:])))
-			break
-		}
-		if p.decode != nil {
-			if p.ran {
-				lc.out = appendCommandComplete(lc.out, "SELECT 0")
-				break
-			}
-			p.ran = true
-			c.rewritten("fast_path")
-			lc.out = append(lc.out, p.row...)
-			if maxRows := int32(binary.BigEndian.Uint32(body[1:])); maxRows == 1 {
-				lc.out = append(lc.out, 's', 0, 0, 0, 4)
-			} else {
-				lc.out = appendCommandComplete(lc.out, "SELECT 1")
-			}
-			break
-		}
-		if p.ran {
-			// A portal runs once; fetching from an exhausted one yields no rows.
-			lc.out = appendCommandComplete(lc.out, "SELECT 0")
-			break
-		}
-		id, err := c.nextID(p.fast.Slot, "")
-		if err != nil {
-			// A local cycle runs outside a transaction block with nothing outstanding:
-			// an error there changes nothing at the server, so the proxy's answer is
-			// exactly the server's and nothing needs to fail upstream.
-			r := errorResponse(&idError{err})
-			c.countError(r)
-			lc.out = append(lc.out, r.msg...)
-			lc.failed = true
-			break
-		}
-		p.ran = true
-		c.rewritten("fast_path")
-		lc.out = appendDataRow(lc.out, id, p.binary)
-		if maxRows := int32(binary.BigEndian.Uint32(body[1:])); maxRows == 1 {
-			// The row filled the fetch: the server does not yet know the portal is
-			// exhausted and suspends it.
-			lc.out = append(lc.out, 's', 0, 0, 0, 4)
-		} else {
-			lc.out = appendCommandComplete(lc.out, "SELECT 1")
-		}
-	case 'C':
-		if len(body) != 2 || body[1] != 0 {
-			return false
-		}
-		switch body[0] {
-		case 'S':
-			if s.unnamed() == nil {
-				return false // the server's unnamed statement
-			}
-			lc := s.begin()
-			s.setUnnamed(nil)
-			lc.out = append(lc.out, '3', 0, 0, 0, 4)
-		case 'P':
-			if s.local == nil || s.local.portal == nil {
-				return false
-			}
-			s.local.portal = nil
-			s.local.out = append(s.local.out, '3', 0, 0, 0, 4)
-		default:
-			return false
-		}
-	case 'S':
-		return s.local != nil && len(body) == 0
+		lc.out = lc.portal.appendDescription(lc.out, lc.portal.binary)
 	default:
 		return false
 	}
 	return true
+}
+
+// answerExecute answers an Execute of the local portal: its rows, then CommandComplete,
+// or PortalSuspended when the rows filled the fetch.
+func (c *conn) answerExecute(body []byte) bool {
+	s := &c.sess
+	if len(body) != 5 || body[0] != 0 || s.local == nil || s.local.portal == nil {
+		return false
+	}
+	lc := s.local
+	p := lc.portal
+	maxRows := int32(binary.BigEndian.Uint32(body[1:]))
+	switch {
+	case p.batch != nil:
+		c.executeLocalBatch(lc, p, maxRows)
+	case p.ran:
+		// A portal runs once; fetching from an exhausted one yields no rows.
+		lc.out = appendCommandComplete(lc.out, "SELECT 0")
+	case p.decode != nil:
+		p.ran = true
+		c.rewritten("fast_path")
+		lc.out = appendOneRowEnd(append(lc.out, p.row...), maxRows)
+	default:
+		c.executeFast(lc, p, maxRows)
+	}
+	return true
+}
+
+// executeFast answers an Execute of a fast-path portal: one ID, drawn now.
+func (c *conn) executeFast(lc *localCycle, p *localPortal, maxRows int32) {
+	id, err := c.nextID(p.fast.Slot, "")
+	if err != nil {
+		// A local cycle runs outside a transaction block with nothing outstanding:
+		// an error there changes nothing at the server, so the proxy's answer is
+		// exactly the server's and nothing needs to fail upstream.
+		c.failLocal(lc, err)
+		return
+	}
+	p.ran = true
+	c.rewritten("fast_path")
+	lc.out = appendOneRowEnd(appendDataRow(lc.out, id, p.binary), maxRows)
+}
+
+// appendOneRowEnd appends what follows the one row of a portal: PortalSuspended when the
+// row filled the fetch (maxRows 1: the server does not yet know the portal is exhausted
+// and suspends it), else CommandComplete.
+func appendOneRowEnd(b []byte, maxRows int32) []byte {
+	if maxRows == 1 {
+		return appendEmpty(b, serverPortalSuspended)
+	}
+	return appendCommandComplete(b, "SELECT 1")
+}
+
+// failLocal answers err in the local cycle, which then skips to Sync, as the server does
+// after an error.
+func (c *conn) failLocal(lc *localCycle, err error) {
+	r := errorResponse(err)
+	c.countError(r)
+	lc.out = append(lc.out, r.msg...)
+	lc.failed = true
+}
+
+// answerClose answers a Close of the local unnamed statement or of the local portal.
+func (c *conn) answerClose(body []byte) bool {
+	s := &c.sess
+	if len(body) != 2 || body[1] != 0 {
+		return false
+	}
+	switch body[0] {
+	case targetStatement:
+		if s.unnamed() == nil {
+			return false // the server's unnamed statement
+		}
+		lc := s.begin()
+		s.setUnnamed(nil)
+		lc.out = appendEmpty(lc.out, serverCloseComplete)
+	case targetPortal:
+		if s.local == nil || s.local.portal == nil {
+			return false
+		}
+		s.local.portal = nil
+		s.local.out = appendEmpty(s.local.out, serverCloseComplete)
+	default:
+		return false
+	}
+	return true
+}
+
+// mayAnswerQuery reports whether the proxy may answer a Query itself, with the current
+// transaction status: nothing is queued or outstanding upstream, so the status is
+// current, and the transaction has not failed (the server must report 25P02).
+func (c *conn) mayAnswerQuery() (tx uint32, ok bool) {
+	s := &c.sess
+	s.mu.Lock()
+	idle := len(s.queue) == 0 && s.cur == nil
+	s.mu.Unlock()
+	tx = c.txStatus.Load()
+	return tx, idle && c.pending.Load() == 0 && tx != txFailed
+}
+
+// answerQuery sends the proxy's own answer to a Query, out, and a ReadyForQuery.
+func (c *conn) answerQuery(out []byte) error {
+	c.sess.outBuf = keepSmall(out)
+	c.rewritten("fast_path")
+	c.cwMu.Lock()
+	defer c.cwMu.Unlock()
+	return c.writeLocalLocked(out)
+}
+
+// answerQueryError answers a Query with the proxy's own error and a ReadyForQuery. Only
+// outside a transaction block with nothing outstanding (mayAnswerQuery): a failed Query
+// there changes nothing at the server, so the proxy's answer is exactly the server's.
+func (c *conn) answerQueryError(err error) error {
+	r := errorResponse(err)
+	c.countError(r)
+	c.cwMu.Lock()
+	defer c.cwMu.Unlock()
+	return c.writeLocalLocked(r.msg)
 }
 
 // finishLocal ends a local cycle at Sync: the responses and a ReadyForQuery go out.
@@ -478,17 +544,17 @@ func (c *conn) replayLocal() error {
 // dispatch handles an extended-protocol message whose body has been read, upstream.
 func (c *conn) dispatch(typ byte, body []byte) error {
 	switch typ {
-	case 'P':
+	case clientParse:
 		return c.handleParse(body, nil)
-	case 'B':
+	case clientBind:
 		return c.handleBind(body)
-	case 'D':
+	case clientDescribe:
 		return c.handleDescribe(body)
-	case 'C':
+	case clientClose:
 		return c.handleClose(body)
-	case 'E':
-		return c.forwardExtended('E', body)
-	case 'S':
+	case clientExecute:
+		return c.forwardExtended(clientExecute, body)
+	case clientSync:
 		c.closeCycle()
 	}
 	return c.send(typ, body)
@@ -500,55 +566,4 @@ func (c *conn) materialize() error {
 	s := &c.sess
 	st := s.unnamed()
 	return c.handleParse(st.parse, st)
-}
-
-// appendParameterDescription appends a ParameterDescription of the given types.
-func appendParameterDescription(b []byte, types []uint32) []byte {
-	b = append(b, 't')
-	b = binary.BigEndian.AppendUint32(b, uint32(4+2+4*len(types)))
-	b = binary.BigEndian.AppendUint16(b, uint16(len(types)))
-	for _, t := range types {
-		b = binary.BigEndian.AppendUint32(b, t)
-	}
-	return b
-}
-
-// appendRowDescription appends the RowDescription PostgreSQL sends for the rewritten
-// fast-path statement: one int8 column.
-func appendRowDescription(b []byte, column string, binaryFormat bool) []byte {
-	b = append(b, 'T')
-	b = binary.BigEndian.AppendUint32(b, uint32(4+2+len(column)+1+18))
-	b = binary.BigEndian.AppendUint16(b, 1)
-	b = append(b, column...)
-	b = append(b, 0)
-	b = binary.BigEndian.AppendUint32(b, 0) // table OID
-	b = binary.BigEndian.AppendUint16(b, 0) // column number
-	b = binary.BigEndian.AppendUint32(b, oidInt8)
-	b = binary.BigEndian.AppendUint16(b, 8)          // typlen
-	b = binary.BigEndian.AppendUint32(b, 0xffffffff) // typmod -1
-	format := uint16(0)
-	if binaryFormat {
-		format = 1
-	}
-	return binary.BigEndian.AppendUint16(b, format)
-}
-
-func appendDataRow(b []byte, id int64, binaryFormat bool) []byte {
-	var digits [20]byte
-	value := strconv.AppendInt(digits[:0], id, 10)
-	if binaryFormat {
-		value = binary.BigEndian.AppendUint64(digits[:0], uint64(id))
-	}
-	b = append(b, 'D')
-	b = binary.BigEndian.AppendUint32(b, uint32(4+2+4+len(value)))
-	b = binary.BigEndian.AppendUint16(b, 1)
-	b = binary.BigEndian.AppendUint32(b, uint32(len(value)))
-	return append(b, value...)
-}
-
-func appendCommandComplete(b []byte, tag string) []byte {
-	b = append(b, 'C')
-	b = binary.BigEndian.AppendUint32(b, uint32(4+len(tag)+1))
-	b = append(b, tag...)
-	return append(b, 0)
 }

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 )
 
 // Bounds of a session served by an event loop.
@@ -348,7 +350,7 @@ func (ls *loopSession) process() {
 		ls.teardown()
 		return
 	case ls.upstream.sink.err != nil:
-		c.tellClient(codeConnectionFailure, "server closed the connection unexpectedly")
+		c.tellClient(sqlstate.ConnectionFailure, "server closed the connection unexpectedly")
 		ls.finish()
 		return
 	}
@@ -394,7 +396,7 @@ func (ls *loopSession) whole(r *msgReader, in *endReader) (ready, tooLarge bool)
 func (ls *loopSession) startStream() bool {
 	c := ls.c
 	typ, n, err := c.ur.peekHeader()
-	if err != nil || (typ != 'D' && typ != 'd') {
+	if err != nil || (typ != serverDataRow && typ != serverCopyData) {
 		return false
 	}
 	_, _ = c.ur.br.Discard(5)
@@ -580,11 +582,11 @@ func (ls *loopSession) startDrain() { ls.draining = true }
 func (ls *loopSession) requestCloseIfIdle() {
 	ls.loop.post(func() {
 		c := ls.c
-		if ls.dead || ls.detached || ls.finishing || c.txStatus.Load() != 'I' || c.pending.Load() != 0 {
+		if ls.dead || ls.detached || ls.finishing || c.txStatus.Load() != txIdle || c.pending.Load() != 0 {
 			return
 		}
 		c.cwMu.Lock()
-		_, _ = c.cw.Write(fatal(codeAdminShutdown, "terminating connection due to administrator command"))
+		_, _ = c.cw.Write(fatal(sqlstate.AdminShutdown, "terminating connection due to administrator command"))
 		c.cwMu.Unlock()
 		ls.finish()
 	})

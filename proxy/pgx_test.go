@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 	"github.com/leafproxy/leafproxy/internal/testenv"
 )
 
@@ -91,11 +92,11 @@ func TestMaxMessageSize(t *testing.T) {
 	ctx := testContext(t)
 	conn := connect(t, p.url(db))
 	_, err := conn.Exec(ctx, "SELECT $1::text", strings.Repeat("x", 100<<10))
-	wantSQLState(t, err, codeProgramLimitExceeded)
+	wantSQLState(t, err, sqlstate.ProgramLimitExceeded)
 	// Large results are limited just the same.
 	conn2 := connect(t, p.url(db))
 	_, err = conn2.Exec(ctx, "SELECT repeat('x', 100000)")
-	wantSQLState(t, err, codeProgramLimitExceeded)
+	wantSQLState(t, err, sqlstate.ProgramLimitExceeded)
 }
 
 func TestPgxPipeline(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 
 	pg_query "github.com/pganalyze/pg_query_go/v6"
 
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 	"github.com/leafproxy/leafproxy/rewrite"
 )
 
@@ -27,7 +28,7 @@ import (
 //
 // One kind of refusal stays local, because the proxy's answer is exactly the server's: an
 // ID error of the fast path outside a transaction block. The fast path runs only with
-// nothing outstanding, so the status 'I' the proxy knows is current, and a statement that
+// nothing outstanding, so the idle status ('I') the proxy knows is current, and a statement that
 // fails outside a block changes nothing at the server. Every other refusal costs a round
 // trip; refusals are rare, and the fast path's success stays local.
 
@@ -38,9 +39,6 @@ const (
 	standInSQL    = "SELECT " + standInColumn
 	standInColumn = "leafproxy_refused_statement"
 )
-
-// codeUndefinedColumn is the SQLSTATE the stand-in fails with.
-const codeUndefinedColumn = "42703"
 
 // Stand-in messages. A Parse fails in parse analysis, before the server would store the
 // statement, so the named stand-in never creates one and cannot collide with a statement
@@ -93,11 +91,11 @@ func (c *conn) refuseQuery(err error, sql string, failedSlot int) error {
 		s.mu.Unlock()
 		c.pending.Add(1)
 		if parse != nil {
-			if err := c.send('P', parse); err != nil {
+			if err := c.send(clientParse, parse); err != nil {
 				return err
 			}
 		}
-		return c.send('S', nil)
+		return c.send(clientSync, nil)
 	}
 	s.mu.Unlock()
 	out, plan := c.statementsBefore(sql, failedSlot)
@@ -109,11 +107,11 @@ func (c *conn) refuseQuery(err error, sql string, failedSlot int) error {
 	if plan != nil {
 		s.applySQLEffectsLocked(cy, plan)
 		// The statements before the stand-in ran if the server got as far as the stand-in.
-		cy.undo = append(cy.undo, undoEntry{noop: true, confirm: 'E'})
+		cy.undo = append(cy.undo, undoEntry{noop: true, confirm: serverErrorResponse})
 	}
 	s.mu.Unlock()
 	c.pending.Add(1)
-	return c.send('Q', out)
+	return c.send(clientQuery, out)
 }
 
 // statementsBefore returns the statements of the Query string sql that precede the
@@ -194,7 +192,7 @@ func (c *conn) refuseExtended(err error, unnamed bool) error {
 	}
 	parse := s.standInLocked(cy, r, unnamed)
 	s.mu.Unlock()
-	return c.send('P', parse)
+	return c.send(clientParse, parse)
 }
 
 // standInLocked records that the stand-in Parse it returns is the next message of cy,
@@ -204,10 +202,10 @@ func (s *sessionState) standInLocked(cy *cycle, r refusal, unnamed bool) []byte 
 	cy.refusal, cy.standIn = r, cy.sent
 	if unnamed {
 		// Undone unless the server gets as far as the stand-in.
-		s.setStatementLocked(cy, "", nil, 'E')
+		s.setStatementLocked(cy, "", nil, serverErrorResponse)
 		return standInParseUnnamed
 	}
-	cy.undo = append(cy.undo, undoEntry{noop: true, confirm: 'E'})
+	cy.undo = append(cy.undo, undoEntry{noop: true, confirm: serverErrorResponse})
 	return standInParseNamed
 }
 
@@ -234,10 +232,10 @@ func (c *conn) upstreamError(body []byte) *refusal {
 	cy.refusal = refusal{}
 	// The stand-in's own failure. Any other error at the stand-in (25P02 in a failed
 	// transaction, a cancel, a shutdown) is the server's word and reaches the client.
-	mine := bytes.Equal(errorField(body, 'C'), []byte(codeUndefinedColumn)) &&
-		(cy.standIn != 0 || bytes.Contains(errorField(body, 'M'), []byte(standInColumn)))
+	mine := bytes.Equal(errorField(body, fieldCode), []byte(sqlstate.UndefinedColumn)) &&
+		(cy.standIn != 0 || bytes.Contains(errorField(body, fieldMessage), []byte(standInColumn)))
 	if mine || cy.standIn != 0 {
-		cy.confirmLocked('E') // the server got as far as the stand-in
+		cy.confirmLocked(serverErrorResponse) // the server got as far as the stand-in
 	}
 	if !mine {
 		return nil

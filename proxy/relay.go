@@ -6,6 +6,8 @@ import (
 	"io"
 	"net"
 	"time"
+
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 )
 
 // relay runs an established session: this goroutine carries the client's messages
@@ -65,7 +67,7 @@ func (c *conn) clientStep() (done bool, err error) {
 		return true, c.clientReadFailed(err)
 	}
 	err = c.fromClient(typ, n)
-	if err == nil && (typ == 'X' || c.cr.br.Buffered() == 0) {
+	if err == nil && (typ == clientTerminate || c.cr.br.Buffered() == 0) {
 		if err = c.uw.Flush(); err != nil {
 			err = writeError{err}
 		}
@@ -73,11 +75,11 @@ func (c *conn) clientStep() (done bool, err error) {
 	if err != nil {
 		var we writeError
 		if errors.As(err, &we) {
-			c.tellClient(codeConnectionFailure, "server closed the connection unexpectedly")
+			c.tellClient(sqlstate.ConnectionFailure, "server closed the connection unexpectedly")
 		}
 		return true, err
 	}
-	return typ == 'X', nil
+	return typ == clientTerminate, nil
 }
 
 // fromClient handles one client message whose header has been read. Messages that start
@@ -88,7 +90,7 @@ func (c *conn) fromClient(typ byte, n int) error {
 		return c.fromClientRewriting(typ, n)
 	}
 	switch typ {
-	case 'Q', 'S', 'F':
+	case clientQuery, clientSync, clientFunctionCall:
 		// Query, Sync and FunctionCall are each answered by exactly one ReadyForQuery,
 		// whatever happens in between (errors included).
 		c.pending.Add(1)
@@ -104,16 +106,16 @@ func (c *conn) fromClient(typ byte, n int) error {
 // backend ends quietly instead of logging an unexpected EOF.
 func (c *conn) clientReadFailed(err error) error {
 	if errors.Is(err, io.EOF) {
-		_ = writeHeader(c.uw, 'X', 0)
+		_ = writeHeader(c.uw, clientTerminate, 0)
 		_ = c.uw.Flush()
 		return nil
 	}
 	switch {
 	case errors.Is(err, errMessageTooLarge):
-		c.tellClient(codeProgramLimitExceeded, err.Error())
+		c.tellClient(sqlstate.ProgramLimitExceeded, err.Error())
 		c.drainClient()
 	case !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, net.ErrClosed) && !isNetError(err):
-		c.tellClient(codeProtocolViolation, err.Error())
+		c.tellClient(sqlstate.ProtocolViolation, err.Error())
 		c.drainClient()
 	}
 	return err
@@ -206,7 +208,7 @@ func (c *conn) fromUpstream(typ byte, n int) (fatal bool, err error) {
 		return c.fromUpstreamRewriting(typ, n)
 	}
 	switch typ {
-	case 'Z':
+	case serverReadyForQuery:
 		body, err := c.ur.readBody(n)
 		if err != nil {
 			return false, err
@@ -217,7 +219,7 @@ func (c *conn) fromUpstream(typ byte, n int) (fatal bool, err error) {
 		c.txStatus.Store(uint32(body[0]))
 		c.pending.Add(-1)
 		return false, c.writeClient(typ, body)
-	case 'E':
+	case serverErrorResponse:
 		body, err := c.ur.readBody(n)
 		if err != nil {
 			return false, err
@@ -237,21 +239,21 @@ func (c *conn) upstreamReadFailed(err error) error {
 		return nil
 	}
 	if errors.Is(err, errMessageTooLarge) {
-		c.tellClient(codeProgramLimitExceeded, "the server sent a message larger than the proxy's limit: "+err.Error())
+		c.tellClient(sqlstate.ProgramLimitExceeded, "the server sent a message larger than the proxy's limit: "+err.Error())
 		return err
 	}
 	c.log.WithError(err).Info("upstream connection lost")
-	c.tellClient(codeConnectionFailure, "server closed the connection unexpectedly")
+	c.tellClient(sqlstate.ConnectionFailure, "server closed the connection unexpectedly")
 	return err
 }
 
 // isFatal reports whether an ErrorResponse body has severity FATAL or PANIC. The
 // unlocalized severity (V) decides when present; S may be translated.
 func isFatal(body []byte) bool {
-	severity := errorField(body, 'V')
+	severity := errorField(body, fieldSeverityUnlocalized)
 	if severity == nil {
-		severity = errorField(body, 'S')
+		severity = errorField(body, fieldSeverity)
 	}
 	s := string(severity)
-	return s == "FATAL" || s == "PANIC"
+	return s == severityFatal || s == severityPanic
 }

@@ -14,7 +14,7 @@ import (
 // caller holds cwMu.
 func (c *conn) fromUpstreamRewriting(typ byte, n int) (fatal bool, err error) {
 	switch typ {
-	case 'Z':
+	case serverReadyForQuery:
 		body, err := c.ur.readBody(n)
 		if err != nil {
 			return false, err
@@ -24,7 +24,7 @@ func (c *conn) fromUpstreamRewriting(typ byte, n int) (fatal bool, err error) {
 		}
 		c.txStatus.Store(uint32(body[0]))
 		return false, c.readyForQuery(body)
-	case 'E':
+	case serverErrorResponse:
 		body, err := c.ur.readBody(n)
 		if err != nil {
 			return false, err
@@ -39,26 +39,27 @@ func (c *conn) fromUpstreamRewriting(typ byte, n int) (fatal bool, err error) {
 			return false, err
 		}
 		return isFatal(body), c.writeClient(typ, body)
-	case 't':
+	case serverParameterDescription:
 		body, err := c.ur.readBody(n)
 		if err != nil {
 			return false, err
 		}
 		return false, c.writeClient(typ, c.stripHidden(body))
-	case 'S': // ParameterStatus
+	case serverParameterStatus:
 		body, err := c.ur.readBody(n)
 		if err != nil {
 			return false, err
 		}
 		c.noteParameterStatus(body)
 		return false, c.writeClient(typ, body)
-	case 'G':
+	case serverCopyInResponse:
 		body, err := c.ur.readBody(n)
 		if err != nil {
 			return false, err
 		}
 		return false, c.writeClient(typ, c.stripCopyKeys(body))
-	case '1', '2', '3', 'n', 'T', 'C', 'I', 's':
+	case serverParseComplete, serverBindComplete, serverCloseComplete, serverNoData,
+		serverRowDescription, serverCommandComplete, serverEmptyQueryResponse, serverPortalSuspended:
 		// The one response that ends a Parse, Bind, Close, Describe or Execute.
 		if !c.terminalResponse(typ) {
 			_, err := c.ur.br.Discard(n)
@@ -83,10 +84,10 @@ func (c *conn) terminalResponse(typ byte) bool {
 		return true
 	}
 	cy.answered++
-	if typ == '1' || typ == '3' {
+	if typ == serverParseComplete || typ == serverCloseComplete {
 		cy.confirmLocked(typ)
 	}
-	if typ == '1' && len(cy.swallow) > 0 && cy.swallow[0] == cy.answered {
+	if typ == serverParseComplete && len(cy.swallow) > 0 && cy.swallow[0] == cy.answered {
 		cy.swallow = cy.swallow[1:]
 		return false
 	}
@@ -135,5 +136,5 @@ func (c *conn) readyForQuery(body []byte) error {
 		s.settleLocked(cy)
 		s.recycleLocked(cy)
 	}
-	return c.writeClient('Z', body)
+	return c.writeClient(serverReadyForQuery, body)
 }

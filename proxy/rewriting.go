@@ -4,12 +4,10 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
-	"strconv"
 	"strings"
 	"unsafe"
 
-	"github.com/jackc/pgx/v5/pgproto3"
-
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 	"github.com/leafproxy/leafproxy/rewrite"
 )
 
@@ -24,15 +22,15 @@ func (c *conn) fromClientRewriting(typ byte, n int) error {
 		// After a refusal the proxy behaves like the server after an error: everything
 		// up to Sync is discarded (Flush still flushes what came before).
 		switch typ {
-		case 'S':
+		case clientSync:
 			s.skip = false
-		case 'H', 'X':
+		case clientFlush, clientTerminate:
 		default:
 			_, err := c.cr.br.Discard(n)
 			return unexpected(err)
 		}
 	}
-	if typ == 'd' || typ == 'c' || typ == 'f' {
+	if typ == clientCopyData || typ == clientCopyDone || typ == clientCopyFail {
 		s.mu.Lock()
 		ci := s.copyIn
 		s.mu.Unlock()
@@ -44,19 +42,19 @@ func (c *conn) fromClientRewriting(typ byte, n int) error {
 		return err
 	}
 	switch typ {
-	case 'Q':
+	case clientQuery:
 		return c.onQuery(n)
-	case 'P':
+	case clientParse:
 		return c.onParse(n)
-	case 'B':
+	case clientBind:
 		return c.onBind(n)
-	case 'D':
+	case clientDescribe:
 		return c.onDescribe(n)
-	case 'C':
+	case clientClose:
 		return c.onClose(n)
-	case 'E':
+	case clientExecute:
 		s.countSent()
-	case 'S', 'F':
+	case clientSync, clientFunctionCall:
 		c.closeCycle()
 	}
 	if err := writeHeader(c.uw, typ, n); err != nil {
@@ -158,7 +156,7 @@ func (c *conn) onQuery(n int) error {
 	s.mu.Unlock()
 	c.pending.Add(1)
 	c.rewritten("query")
-	return c.send('Q', out)
+	return c.send(clientQuery, out)
 }
 
 // inlinePlanMax is the longest text an event loop plans itself when the rewriter must
@@ -217,12 +215,12 @@ func (c *conn) literal(plan *rewrite.Plan, dst []byte) (out []byte, drawn int, e
 // forwardQuery sends a Query unchanged.
 func (c *conn) forwardQuery(body []byte) error {
 	c.closeCycle()
-	return c.send('Q', body)
+	return c.send(clientQuery, body)
 }
 
 // noParams is the tag lookup of a simple Query, which has no parameters.
 func noParams(param int) (string, error) {
-	return "", &rewrite.Error{Code: "42P02", Message: fmt.Sprintf("there is no parameter $%d", param)}
+	return "", &rewrite.Error{Code: sqlstate.UndefinedParameter, Message: fmt.Sprintf("there is no parameter $%d", param)}
 }
 
 // planIDs draws one ID per slot of plan and, for an EXECUTE of a statement with hidden
@@ -260,11 +258,7 @@ func (c *conn) slotID(slot rewrite.Slot, tagOf func(int) (string, error)) (int64
 		}
 		tag = t
 	}
-	id, err := c.nextID(slot, tag)
-	if err != nil {
-		return 0, &idError{err}
-	}
-	return id, nil
+	return c.nextID(slot, tag)
 }
 
 // applySQLEffectsLocked records what a SQL-level PREPARE or DEALLOCATE does to the
@@ -286,41 +280,21 @@ func (s *sessionState) applySQLEffectsLocked(cy *cycle, plan *rewrite.Plan) {
 // the messages PostgreSQL would send, when nothing is outstanding and the transaction has
 // not failed. It reports false when the query must go to the server instead.
 func (c *conn) fastPath(fp *rewrite.FastPath) (bool, error) {
-	s := &c.sess
-	s.mu.Lock()
-	idle := len(s.queue) == 0 && s.cur == nil
-	s.mu.Unlock()
-	tx := c.txStatus.Load()
-	if !idle || c.pending.Load() != 0 || tx == 'E' {
+	tx, ok := c.mayAnswerQuery()
+	if !ok {
 		return false, nil
 	}
 	id, err := c.nextID(fp.Slot, "")
 	if err != nil {
-		if tx != 'I' {
+		if tx != txIdle {
 			// Inside a transaction block the error must fail the server's transaction.
-			return true, c.refuseQuery(&idError{err}, "", planRefused)
+			return true, c.refuseQuery(err, "", planRefused)
 		}
-		// Outside a block a failed Query changes nothing at the server, and with nothing
-		// outstanding the status is current: the proxy's answer is exactly the server's.
-		r := errorResponse(&idError{err})
-		c.countError(r)
-		c.cwMu.Lock()
-		defer c.cwMu.Unlock()
-		return true, c.writeLocalLocked(r.msg)
+		return true, c.answerQueryError(err)
 	}
-	var digits [20]byte
-	value := strconv.AppendInt(digits[:0], id, 10)
-	out := s.outBuf[:0]
-	out, _ = (&pgproto3.RowDescription{Fields: []pgproto3.FieldDescription{{
-		Name: []byte(fp.Column), DataTypeOID: oidInt8, DataTypeSize: 8, TypeModifier: -1, Format: 0,
-	}}}).Encode(out)
-	out, _ = (&pgproto3.DataRow{Values: [][]byte{value}}).Encode(out)
-	out, _ = (&pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")}).Encode(out)
-	s.outBuf = keepSmall(out)
-	c.rewritten("fast_path")
-	c.cwMu.Lock()
-	defer c.cwMu.Unlock()
-	return true, c.writeLocalLocked(out)
+	out := appendRowDescription(c.sess.outBuf[:0], fp.Column, false)
+	out = appendDataRow(out, id, false)
+	return true, c.answerQuery(appendCommandComplete(out, "SELECT 1"))
 }
 
 // rewritten reports a rewritten or locally answered statement to the OnRewrite hook.
@@ -336,7 +310,7 @@ func (c *conn) writeLocalLocked(msgs []byte) error {
 	if _, err := c.cw.Write(msgs); err != nil {
 		return err
 	}
-	if err := c.writeClient('Z', []byte{byte(c.txStatus.Load())}); err != nil {
+	if err := c.writeClient(serverReadyForQuery, []byte{byte(c.txStatus.Load())}); err != nil {
 		return err
 	}
 	return c.cw.Flush()
@@ -360,7 +334,7 @@ func (c *conn) onDescribe(n int) error {
 
 func (c *conn) handleDescribe(body []byte) error {
 	s := &c.sess
-	if len(body) > 1 && body[0] == 'S' && body[1] == 0 && s.unnamed() != nil {
+	if len(body) > 1 && body[0] == targetStatement && body[1] == 0 && s.unnamed() != nil {
 		if err := c.materialize(); err != nil {
 			return err
 		}
@@ -368,7 +342,7 @@ func (c *conn) handleDescribe(body []byte) error {
 	s.mu.Lock()
 	cy := s.openLocked()
 	cy.sent++
-	if len(body) > 0 && body[0] == 'S' {
+	if len(body) > 0 && body[0] == targetStatement {
 		hidden := 0
 		if name, _, ok := cString(body[1:]); ok {
 			if st := s.statementLocked(name); st != nil {
@@ -378,7 +352,7 @@ func (c *conn) handleDescribe(body []byte) error {
 		cy.describes = append(cy.describes, hidden)
 	}
 	s.mu.Unlock()
-	return c.send('D', body)
+	return c.send(clientDescribe, body)
 }
 
 func (c *conn) onClose(n int) error {
@@ -391,7 +365,7 @@ func (c *conn) onClose(n int) error {
 
 func (c *conn) handleClose(body []byte) error {
 	s := &c.sess
-	if len(body) > 1 && body[0] == 'S' && body[1] == 0 {
+	if len(body) > 1 && body[0] == targetStatement && body[1] == 0 {
 		// The server closes whatever unnamed statement it has; the local one is gone too.
 		s.setUnnamed(nil)
 	}
@@ -399,13 +373,13 @@ func (c *conn) handleClose(body []byte) error {
 	cy := s.openLocked()
 	cy.sent++
 	name, _, ok := cString(body[min(1, len(body)):])
-	if ok && len(body) > 0 && body[0] == 'S' {
-		s.setStatementLocked(cy, name, nil, '3')
+	if ok && len(body) > 0 && body[0] == targetStatement {
+		s.setStatementLocked(cy, name, nil, serverCloseComplete)
 	} else {
-		cy.undo = append(cy.undo, undoEntry{noop: true, confirm: '3'})
+		cy.undo = append(cy.undo, undoEntry{noop: true, confirm: serverCloseComplete})
 	}
 	s.mu.Unlock()
-	return c.send('C', body)
+	return c.send(clientClose, body)
 }
 
 // be16 reads a big-endian int16 count.

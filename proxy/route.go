@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"sync/atomic"
+
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 )
 
 // This file routes a session to the upstream that serves the database its client names.
@@ -12,8 +14,6 @@ import (
 // with SetRoutes takes effect for the sessions that start afterwards, while a session in
 // progress keeps the upstream it was sent to, and so does a cancel request for it.
 
-// codeInvalidCatalogName is PostgreSQL's SQLSTATE for a database that does not exist.
-const codeInvalidCatalogName = "3D000" // invalid_catalog_name
 
 // Route says where the sessions of one database go.
 type Route struct {
@@ -91,7 +91,7 @@ func (c *conn) route(packet []byte, params map[string]string) ([]byte, bool) {
 	}
 	rt, ok := table.Lookup(database)
 	if !ok {
-		c.refuse(codeInvalidCatalogName, fmt.Sprintf("database %q does not exist", database))
+		c.refuse(sqlstate.InvalidCatalogName, fmt.Sprintf("database %q does not exist", database))
 		return nil, false
 	}
 	c.upstreamAddr = rt.Upstream

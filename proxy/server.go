@@ -52,7 +52,7 @@ type Server struct {
 	DialTimeout time.Duration
 
 	// TLSConfig, when it holds a certificate, lets clients encrypt their connection
-	// (SSLRequest is answered 'S'); nil refuses TLS ('N').
+	// (SSLRequest is answered sslAccepted, 'S'); nil refuses TLS (sslRefused, 'N').
 	TLSConfig *tls.Config
 
 	// MaxClientConns is the most client sessions served at once; past it a client gets

@@ -42,8 +42,8 @@ type undoEntry struct {
 	prev *statement // the entry before the change; nil when there was none
 	all  map[string]*statement
 	noop bool // only marks a completion to expect (Close of a portal or of an unknown name)
-	// confirm is the response that confirms it: '1' (ParseComplete), '3' (CloseComplete)
-	// or 'E' (the ErrorResponse of a refusal's stand-in); 0: the cycle's success does.
+	// confirm is the response that confirms it: serverParseComplete, serverCloseComplete
+	// or serverErrorResponse (that of a refusal's stand-in); 0: the cycle's success does.
 	confirm byte
 
 	// local is the proxy-local unnamed statement a Parse materialized: when the Parse

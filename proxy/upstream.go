@@ -97,8 +97,8 @@ func (s *Server) startUpstreamTLS(ctx context.Context, c net.Conn, mode SSLMode,
 		return nil, fmt.Errorf("reading the upstream's answer to SSLRequest: %w", err)
 	}
 	switch resp[0] {
-	case 'S':
-	case 'N':
+	case sslAccepted:
+	case sslRefused:
 		if mode == SSLPrefer {
 			return c, nil
 		}

@@ -197,18 +197,11 @@ func readStartupPacket(r io.Reader) ([]byte, error) {
 	return p, nil
 }
 
-// Error severities and SQLSTATE codes the proxy itself reports.
+// Severities of the errors the proxy reports or reads.
 const (
-	codeConnectionFailure    = "08006" // connection_failure
-	codeConnectionUnable     = "08001" // sqlclient_unable_to_establish_sqlconnection
-	codeProtocolViolation    = "08P01" // protocol_violation
-	codeInvalidAuthorization = "28000" // invalid_authorization_specification
-	codeTooManyConnections   = "53300" // too_many_connections
-	codeCannotConnectNow     = "57P03" // cannot_connect_now
-	codeAdminShutdown        = "57P01" // admin_shutdown
-	codeFeatureNotSupported  = "0A000" // feature_not_supported
-	codeProgramLimitExceeded = "54000" // program_limit_exceeded
-	severityFatal            = "FATAL"
+	severityError = "ERROR" // the statement fails, the session goes on
+	severityFatal = "FATAL" // the session ends
+	severityPanic = "PANIC" // the server ends every session (only the server sends it)
 )
 
 // fatal encodes a FATAL ErrorResponse.
@@ -216,13 +209,5 @@ func fatal(code, message string) []byte { return fatalDetail(code, message, "") 
 
 // fatalDetail is fatal with a DETAIL field (empty: none).
 func fatalDetail(code, message, detail string) []byte {
-	msg := &pgproto3.ErrorResponse{
-		Severity:            severityFatal,
-		SeverityUnlocalized: severityFatal,
-		Code:                code,
-		Message:             message,
-		Detail:              detail,
-	}
-	b, _ := msg.Encode(nil) // cannot fail: no field has a length limit
-	return b
+	return encodeError(&pgproto3.ErrorResponse{Severity: severityFatal, Code: code, Message: message, Detail: detail})
 }

@@ -4,6 +4,8 @@ import (
 	"strconv"
 
 	pg_query "github.com/pganalyze/pg_query_go/v6"
+
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 )
 
 // Batch describes a query that is exactly one SELECT leaf_next('tag', n) [AS name]: n
@@ -52,7 +54,7 @@ const hintBatch = "leaf_next(tag, n) returns n rows: send it as a query of its o
 func (p *planner) batchCall(fc *pg_query.FuncCall) {
 	loc := int(fc.Location)
 	if p.batch != nil {
-		p.fail(p.errAt(CodeNotSupported, loc, hintBatch, "leaf_next(tag, n) returns a set of rows and can be called only once, as the whole query"))
+		p.fail(p.errAt(sqlstate.FeatureNotSupported, loc, hintBatch, "leaf_next(tag, n) returns a set of rows and can be called only once, as the whole query"))
 		return
 	}
 	slot, ok := p.tagArg(fc.Args[0], loc)
@@ -71,12 +73,12 @@ func (p *planner) batchCall(fc *pg_query.FuncCall) {
 			// An integer beyond int4 comes as a numeric literal; the range check reports it.
 			n, err := strconv.ParseInt(v.Fval.Fval, 10, 64)
 			if err != nil {
-				p.fail(p.errAt(CodeInvalidParameter, int(x.Location), hint, "the number of IDs of leaf_next(tag, n) must be an integer, not %s", v.Fval.Fval))
+				p.fail(p.errAt(sqlstate.InvalidParameterValue, int(x.Location), hint, "the number of IDs of leaf_next(tag, n) must be an integer, not %s", v.Fval.Fval))
 				return
 			}
 			b.Count = n
 		default:
-			p.fail(p.errAt(CodeInvalidParameter, int(x.Location), hint, "the number of IDs of leaf_next(tag, n) must be an integer"))
+			p.fail(p.errAt(sqlstate.InvalidParameterValue, int(x.Location), hint, "the number of IDs of leaf_next(tag, n) must be an integer"))
 			return
 		}
 	case *pg_query.ParamRef:
@@ -84,7 +86,7 @@ func (p *planner) batchCall(fc *pg_query.FuncCall) {
 		p.countParams[int(x.Number)] = true
 		b.CountParam = int(x.Number)
 	default:
-		p.fail(p.errAt(CodeInvalidParameter, loc, hint, "the number of IDs of leaf_next(tag, n) must be an integer literal or a parameter"))
+		p.fail(p.errAt(sqlstate.InvalidParameterValue, loc, hint, "the number of IDs of leaf_next(tag, n) must be an integer literal or a parameter"))
 		return
 	}
 	p.batch, p.batchLoc = b, loc

@@ -6,6 +6,8 @@ import (
 
 	pg_query "github.com/pganalyze/pg_query_go/v6"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 )
 
 // leafCall turns one leaf_next/leaf_snowflake call into a slot replacing
@@ -14,14 +16,14 @@ func (p *planner) leafCall(fc *pg_query.FuncCall) {
 	name := leafFunc(fc)
 	loc := int(fc.Location)
 	if fc.AggStar || fc.AggDistinct || len(fc.AggOrder) > 0 || fc.AggFilter != nil || fc.Over != nil || fc.FuncVariadic || fc.AggWithinGroup {
-		p.fail(p.errAt(CodeInvalidParameter, loc, "", "%s() is not an aggregate or window function", name))
+		p.fail(p.errAt(sqlstate.InvalidParameterValue, loc, "", "%s() is not an aggregate or window function", name))
 		return
 	}
 	var slot Slot
 	switch name {
 	case "leaf_snowflake":
 		if len(fc.Args) != 0 {
-			p.fail(p.errAt(CodeInvalidParameter, loc, "Call it as leaf_snowflake().", "leaf_snowflake() takes no arguments"))
+			p.fail(p.errAt(sqlstate.InvalidParameterValue, loc, "Call it as leaf_snowflake().", "leaf_snowflake() takes no arguments"))
 			return
 		}
 		slot = Slot{Kind: SlotSnowflake}
@@ -31,7 +33,7 @@ func (p *planner) leafCall(fc *pg_query.FuncCall) {
 			return
 		}
 		if len(fc.Args) != 1 {
-			p.fail(p.errAt(CodeInvalidParameter, loc, "Call it as leaf_next('tag'), or leaf_next('tag', n) for n IDs.", "leaf_next() takes the tag, or the tag and a number of IDs"))
+			p.fail(p.errAt(sqlstate.InvalidParameterValue, loc, "Call it as leaf_next('tag'), or leaf_next('tag', n) for n IDs.", "leaf_next() takes the tag, or the tag and a number of IDs"))
 			return
 		}
 		var ok bool
@@ -58,11 +60,11 @@ func (p *planner) tagArg(n *pg_query.Node, callLoc int) (Slot, bool) {
 		p.read(x.Location)
 		switch {
 		case x.Isnull:
-			p.fail(p.errAt(CodeInvalidParameter, int(x.Location), hint, "the tag of leaf_next() must not be NULL"))
+			p.fail(p.errAt(sqlstate.InvalidParameterValue, int(x.Location), hint, "the tag of leaf_next() must not be NULL"))
 		case x.GetSval() == nil:
-			p.fail(p.errAt(CodeInvalidParameter, int(x.Location), hint, "the tag of leaf_next() must be a string"))
+			p.fail(p.errAt(sqlstate.InvalidParameterValue, int(x.Location), hint, "the tag of leaf_next() must be a string"))
 		case x.GetSval().Sval == "":
-			p.fail(p.errAt(CodeInvalidParameter, int(x.Location), hint, "the tag of leaf_next() must not be empty"))
+			p.fail(p.errAt(sqlstate.InvalidParameterValue, int(x.Location), hint, "the tag of leaf_next() must not be empty"))
 		default:
 			return Slot{Kind: SlotTag, Tag: x.GetSval().Sval}, true
 		}
@@ -76,7 +78,7 @@ func (p *planner) tagArg(n *pg_query.Node, callLoc int) (Slot, bool) {
 			return p.tagArg(x.Arg, callLoc)
 		}
 	}
-	p.fail(p.errAt(CodeInvalidParameter, callLoc, hint, "the tag of leaf_next() must be a string literal or a parameter"))
+	p.fail(p.errAt(sqlstate.InvalidParameterValue, callLoc, hint, "the tag of leaf_next() must be a string literal or a parameter"))
 	return Slot{}, false
 }
 
@@ -192,11 +194,11 @@ func (p *planner) prepareStmt(s *pg_query.PrepareStmt, start, end int) {
 		return
 	}
 	if sub.decode != nil {
-		p.fail(p.errAt(CodeNotSupported, sub.decodeLoc, hintDecode, "leaf_decode() is not supported in PREPARE"))
+		p.fail(p.errAt(sqlstate.FeatureNotSupported, sub.decodeLoc, hintDecode, "leaf_decode() is not supported in PREPARE"))
 		return
 	}
 	if sub.batch != nil {
-		p.fail(p.errAt(CodeNotSupported, sub.batchLoc, "Prepare SELECT leaf_next($1, $2) with the extended query protocol (a driver's prepared statement) instead.",
+		p.fail(p.errAt(sqlstate.FeatureNotSupported, sub.batchLoc, "Prepare SELECT leaf_next($1, $2) with the extended query protocol (a driver's prepared statement) instead.",
 			"leaf_next(tag, n) returns a set of rows and is not supported in PREPARE"))
 		return
 	}

@@ -5,6 +5,8 @@ import (
 	"strconv"
 
 	pg_query "github.com/pganalyze/pg_query_go/v6"
+
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 )
 
 // SnowflakeLayout is how leaf_decode splits a snowflake ID: from the most significant of
@@ -55,11 +57,11 @@ const hintDecode = "Call it as a query of its own, SELECT leaf_decode(id), with 
 func (p *planner) decodeCall(fc *pg_query.FuncCall) {
 	loc := int(fc.Location)
 	if p.decode != nil {
-		p.fail(p.errAt(CodeNotSupported, loc, hintDecode, "leaf_decode() can be called only once, as the whole query"))
+		p.fail(p.errAt(sqlstate.FeatureNotSupported, loc, hintDecode, "leaf_decode() can be called only once, as the whole query"))
 		return
 	}
 	if len(fc.Args) != 1 || fc.AggStar || fc.AggDistinct || fc.Over != nil || fc.FuncVariadic {
-		p.fail(p.errAt(CodeInvalidParameter, loc, hintDecode, "leaf_decode() takes one argument, a snowflake ID"))
+		p.fail(p.errAt(sqlstate.InvalidParameterValue, loc, hintDecode, "leaf_decode() takes one argument, a snowflake ID"))
 		return
 	}
 	toks := p.tokens()
@@ -85,11 +87,11 @@ func (p *planner) decodeCall(fc *pg_query.FuncCall) {
 			err = fmt.Errorf("not an integer")
 		}
 		if err != nil || x.Isnull {
-			p.fail(p.errAt(CodeInvalidParameter, int(x.Location), hintDecode, "the argument of leaf_decode() must be a 64-bit integer"))
+			p.fail(p.errAt(sqlstate.InvalidParameterValue, int(x.Location), hintDecode, "the argument of leaf_decode() must be a 64-bit integer"))
 			return
 		}
 		if id < 0 {
-			p.fail(p.errAt(CodeInvalidParameter, int(x.Location), hintDecode, "%d is not a snowflake ID: IDs are not negative", id))
+			p.fail(p.errAt(sqlstate.InvalidParameterValue, int(x.Location), hintDecode, "%d is not a snowflake ID: IDs are not negative", id))
 			return
 		}
 		arg = strconv.FormatInt(id, 10)
@@ -98,7 +100,7 @@ func (p *planner) decodeCall(fc *pg_query.FuncCall) {
 		d.Param = int(x.Number)
 		arg = "$" + strconv.Itoa(d.Param)
 	default:
-		p.fail(p.errAt(CodeInvalidParameter, loc, hintDecode, "the argument of leaf_decode() must be an integer literal or a parameter"))
+		p.fail(p.errAt(sqlstate.InvalidParameterValue, loc, hintDecode, "the argument of leaf_decode() must be an integer literal or a parameter"))
 		return
 	}
 	l := p.rw.layout

@@ -1,5 +1,7 @@
 package rewrite
 
+import "github.com/leafproxy/leafproxy/internal/sqlstate"
+
 import pg_query "github.com/pganalyze/pg_query_go/v6"
 
 // maxChainDepth bounds how deeply a statement may nest operators before the
@@ -15,7 +17,7 @@ const maxChainDepth = 4000
 // that may need a rewrite cannot be forwarded unread: an INSERT into a filled
 // table would reach the database without its key.
 var errTooDeep = &Error{
-	Code:    CodeTooComplex,
+	Code:    sqlstate.StatementTooComplex,
 	Message: "statement is nested too deeply for leafproxy to parse",
 	Hint:    "Split the expression, or pass the values as parameters.",
 }

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 )
 
 func TestChainDepth(t *testing.T) {
@@ -59,8 +61,8 @@ func TestDeepStatementsRefused(t *testing.T) {
 	for _, sql := range refused {
 		_, err := rw.Plan(sql)
 		var re *Error
-		if !errors.As(err, &re) || re.Code != CodeTooComplex {
-			t.Errorf("Plan(%.60q…) = %v, want SQLSTATE %s", sql, err, CodeTooComplex)
+		if !errors.As(err, &re) || re.Code != sqlstate.StatementTooComplex {
+			t.Errorf("Plan(%.60q…) = %v, want SQLSTATE %s", sql, err, sqlstate.StatementTooComplex)
 		}
 	}
 	// A chain of 3,000 operators runs on PostgreSQL with its default max_stack_depth.

@@ -2,18 +2,15 @@ package rewrite
 
 import "fmt"
 
-// SQLSTATE codes the rewriter reports.
-const (
-	CodeInvalidParameter = "22023" // invalid_parameter_value: bad leaf_next argument
-	CodeNotSupported     = "0A000" // feature_not_supported: a call or INSERT the proxy cannot rewrite safely
-	CodeTooComplex       = "54001" // statement_too_complex: nested too deeply to parse safely
-	codeInternal         = "XX000" // internal_error: a rewriter bug, never expected
-)
-
 // Error is a rewrite refusal. It carries what a PostgreSQL ErrorResponse
 // needs, so the proxy can answer the client without contacting the database.
+//
+// The rewriter reports sqlstate.InvalidParameterValue (a bad leaf_next argument),
+// sqlstate.FeatureNotSupported (a call or INSERT the proxy cannot rewrite safely),
+// sqlstate.StatementTooComplex (nested too deeply to parse safely) and
+// sqlstate.InternalError (a rewriter bug, never expected).
 type Error struct {
-	Code     string // SQLSTATE
+	Code     string // SQLSTATE, one of the catalogue in internal/sqlstate
 	Message  string
 	Hint     string
 	Position int // 1-based character position in the SQL text, 0 when unknown

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	pg_query "github.com/pganalyze/pg_query_go/v6"
+
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 )
 
 // FuzzPlan checks the planner's invariants on arbitrary text: no panic (the
@@ -29,7 +31,7 @@ func FuzzPlan(f *testing.F) {
 		p, _, err := ref.build(ref.caches.Load(), sql)
 		if err != nil {
 			var e *Error
-			if !errors.As(err, &e) || (e.Code != CodeInvalidParameter && e.Code != CodeNotSupported) {
+			if !errors.As(err, &e) || (e.Code != sqlstate.InvalidParameterValue && e.Code != sqlstate.FeatureNotSupported) {
 				t.Fatalf("Plan(%q) = %v, want a 22023 or 0A000 *Error", sql, err)
 			}
 		} else if p != nil {

@@ -5,6 +5,8 @@ import (
 	"strings"
 
 	pg_query "github.com/pganalyze/pg_query_go/v6"
+
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 )
 
 // rules returns the fill rules for an INSERT or MERGE target.
@@ -101,21 +103,21 @@ func (p *planner) insert(ins *pg_query.InsertStmt) {
 		switch {
 		case !values:
 			if idx < 0 {
-				p.fail(p.errAt(CodeNotSupported, relLoc,
+				p.fail(p.errAt(sqlstate.FeatureNotSupported, relLoc,
 					"List "+rule.colSQL+" with a value in the SELECT, or use INSERT … VALUES so that the proxy can fill it.",
 					"INSERT … SELECT into %s without %s is not supported: the proxy fills %s only in INSERT … VALUES", ins.Relation.Relname, rule.Column, rule.Column))
 			}
 		case len(ins.Cols) == 0:
 			pos := p.rw.keyPosition(ins.Relation, rule)
 			if pos < 0 {
-				p.fail(p.errAt(CodeNotSupported, relLoc,
+				p.fail(p.errAt(sqlstate.FeatureNotSupported, relLoc,
 					"Name the columns, e.g. INSERT INTO "+ins.Relation.Relname+" (col, …) VALUES (…): without the catalog the proxy cannot know where "+rule.colSQL+" goes.",
 					"INSERT into %s without a column list is not supported: the proxy fills %s", ins.Relation.Relname, rule.Column))
 				continue
 			}
 			for _, row := range sel.ValuesLists {
 				if len(row.GetList().GetItems()) <= pos {
-					p.fail(p.errAt(CodeNotSupported, relLoc,
+					p.fail(p.errAt(sqlstate.FeatureNotSupported, relLoc,
 						"Give every row a value for "+rule.colSQL+" (DEFAULT lets the proxy fill it), or name the columns.",
 						"INSERT into %s without a column list gives a row no value for %s, which the proxy fills", ins.Relation.Relname, rule.Column))
 					break
@@ -310,7 +312,7 @@ func (p *planner) copyFrom(c *pg_query.CopyStmt) {
 	rules := p.rw.rules(c.Relation)
 	if len(c.Attlist) == 0 {
 		for _, rule := range rules {
-			p.fail(p.errAt(CodeNotSupported, int(c.Relation.Location),
+			p.fail(p.errAt(sqlstate.FeatureNotSupported, int(c.Relation.Location),
 				"List the columns, e.g. COPY "+c.Relation.Relname+" (col, …) FROM STDIN, leaving "+rule.colSQL+" out: the proxy then adds it to every row.",
 				"COPY into %s without a column list is not supported: the proxy fills %s", c.Relation.Relname, rule.Column))
 		}
@@ -327,7 +329,7 @@ func (p *planner) copyFrom(c *pg_query.CopyStmt) {
 	}
 	format, encoding := copyOptions(c)
 	if enc := encoding; enc != "" && UnsafeCopyEncoding(enc) {
-		p.fail(p.errAt(CodeNotSupported, int(c.Relation.Location),
+		p.fail(p.errAt(sqlstate.FeatureNotSupported, int(c.Relation.Location),
 			"Load the data in UTF8 or another encoding in which ASCII bytes are always ASCII characters.",
 			"COPY into %s in ENCODING %s is not supported: in that encoding the proxy cannot find the rows to give keys to", c.Relation.Relname, enc))
 		return
@@ -340,7 +342,7 @@ func (p *planner) copyFrom(c *pg_query.CopyStmt) {
 		}
 	}
 	for _, rule := range missing {
-		p.fail(p.errAt(CodeNotSupported, int(c.Relation.Location),
+		p.fail(p.errAt(sqlstate.FeatureNotSupported, int(c.Relation.Location),
 			"List "+rule.colSQL+" in the column list and give every row an ID (from SELECT leaf_next('"+strings.ReplaceAll(rule.Tag, "'", "''")+"') or the HTTP API), load with INSERT … VALUES, or use COPY … FROM STDIN (psql's \\copy, pgx's CopyFrom) with a bigint key: the proxy fills the key in those.",
 			"COPY into %s without %s is not supported: the proxy fills %s only in INSERT … VALUES and in COPY … FROM STDIN", c.Relation.Relname, rule.Column, rule.Column))
 	}
@@ -487,7 +489,7 @@ func (p *planner) merge(m *pg_query.MergeStmt) {
 				ok = !isDefault
 			}
 			if !ok {
-				p.fail(p.errAt(CodeNotSupported, int(m.Relation.Location),
+				p.fail(p.errAt(sqlstate.FeatureNotSupported, int(m.Relation.Location),
 					"Give "+rule.colSQL+" a value in the INSERT action; the proxy fills keys only in INSERT … VALUES.",
 					"MERGE into %s without a value for %s is not supported: its INSERT action runs once per source row", m.Relation.Relname, rule.Column))
 			}

@@ -3,6 +3,8 @@ package rewrite
 import (
 	"fmt"
 	"strconv"
+
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 )
 
 // SlotKind says where the ID for a slot comes from.
@@ -92,11 +94,11 @@ type Arg struct {
 // the tag arrives in Bind and Tag reports 22023; the proxy reads it there.
 func (e *Execute) Tag(param int) (string, error) {
 	if param < 1 || param > len(e.Args) {
-		return "", &Error{Code: CodeInvalidParameter, Message: fmt.Sprintf("EXECUTE %s has no argument $%d for the leaf_next tag", e.Name, param)}
+		return "", &Error{Code: sqlstate.InvalidParameterValue, Message: fmt.Sprintf("EXECUTE %s has no argument $%d for the leaf_next tag", e.Name, param)}
 	}
 	a := e.Args[param-1]
 	if !a.String || a.Value == "" {
-		return "", &Error{Code: CodeInvalidParameter,
+		return "", &Error{Code: sqlstate.InvalidParameterValue,
 			Message: fmt.Sprintf("argument $%d of EXECUTE %s is a leaf_next tag and must be a non-empty string literal", param, e.Name),
 			Hint:    "Pass the tag as a quoted literal, e.g. EXECUTE name('order')."}
 	}
@@ -327,7 +329,7 @@ func (p *Plan) SessionConflict(hasSlots func(name string) bool) error {
 			if r.All {
 				what = "all prepared statements"
 			}
-			return &Error{Code: CodeNotSupported,
+			return &Error{Code: sqlstate.FeatureNotSupported,
 				Message: "EXECUTE or DEALLOCATE of " + what + " with leaf IDs inside a query of several statements is not supported",
 				Hint:    "Send EXECUTE, DEALLOCATE and DISCARD ALL as their own query."}
 		}

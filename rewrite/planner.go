@@ -9,6 +9,8 @@ import (
 
 	pg_query "github.com/pganalyze/pg_query_go/v6"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 )
 
 // planner plans one SQL string. A PREPARE body gets a child planner that
@@ -110,11 +112,11 @@ func (p *planner) plan(tree *pg_query.ParseResult) (*Plan, error) {
 			batch = p.standaloneBatch(tree.Stmts[0].Stmt)
 		}
 		if batch == nil {
-			p.fail(p.errAt(CodeNotSupported, p.batchLoc, hintBatch, "leaf_next(tag, n) returns a set of rows and is supported only as a query of its own"))
+			p.fail(p.errAt(sqlstate.FeatureNotSupported, p.batchLoc, hintBatch, "leaf_next(tag, n) returns a set of rows and is supported only as a query of its own"))
 		}
 	}
 	if p.err == nil && p.decode != nil && (multi || len(p.edits) != 1 || !p.standaloneDecode(tree.Stmts[0].Stmt)) {
-		p.fail(p.errAt(CodeNotSupported, p.decodeLoc, hintDecode, "leaf_decode() is supported only as a query of its own, SELECT leaf_decode(id)"))
+		p.fail(p.errAt(sqlstate.FeatureNotSupported, p.decodeLoc, hintDecode, "leaf_decode() is supported only as a query of its own, SELECT leaf_decode(id)"))
 	}
 	if p.err != nil {
 		return nil, p.err
@@ -123,12 +125,12 @@ func (p *planner) plan(tree *pg_query.ParseResult) (*Plan, error) {
 		return &Plan{sql: sql, MaxParam: p.maxParam, Batch: batch, UnreferencedParams: p.unreferenced()}, nil
 	}
 	if multi && p.prepareAny {
-		return nil, &Error{Code: CodeNotSupported,
+		return nil, &Error{Code: sqlstate.FeatureNotSupported,
 			Message: "PREPARE of a statement with leaf IDs inside a query of several statements is not supported",
 			Hint:    "Send the PREPARE as its own query."}
 	}
 	if multi && p.copyFill != nil {
-		return nil, &Error{Code: CodeNotSupported,
+		return nil, &Error{Code: sqlstate.FeatureNotSupported,
 			Message: "COPY … FROM STDIN whose rows the proxy gives keys inside a query of several statements is not supported",
 			Hint:    "Send the COPY as its own query."}
 	}
@@ -142,7 +144,7 @@ func (p *planner) plan(tree *pg_query.ParseResult) (*Plan, error) {
 		// Rendering copies the text between edits; overlapping edits would
 		// be a planner bug, caught here rather than as a panic in the proxy.
 		if e.start < pos || e.end < e.start || e.end > len(sql) {
-			return nil, p.errAt(codeInternal, e.start, "", "rewrite: overlapping edits")
+			return nil, p.errAt(sqlstate.InternalError, e.start, "", "rewrite: overlapping edits")
 		}
 		pos = e.end
 	}
@@ -154,7 +156,7 @@ func (p *planner) plan(tree *pg_query.ParseResult) (*Plan, error) {
 		if x := out.exec; x != nil {
 			for _, e := range out.edits {
 				if x.pos > len(sql) || (e.start < x.pos && x.pos < e.end) {
-					return nil, p.errAt(codeInternal, x.pos, "", "rewrite: EXECUTE arguments overlap an edit")
+					return nil, p.errAt(sqlstate.InternalError, x.pos, "", "rewrite: EXECUTE arguments overlap an edit")
 				}
 			}
 		}
@@ -219,7 +221,7 @@ func (p *planner) errAt(code string, loc int, hint, format string, args ...any) 
 }
 
 func (p *planner) internal(loc int, what string) {
-	p.fail(p.errAt(codeInternal, loc, "", "rewrite: cannot locate %s in the statement text", what))
+	p.fail(p.errAt(sqlstate.InternalError, loc, "", "rewrite: cannot locate %s in the statement text", what))
 }
 
 func (p *planner) tokens() tokens { return p.toks }
@@ -384,7 +386,7 @@ func (p *planner) targets(s *pg_query.SelectStmt) {
 		walk(t, func(m proto.Message) bool {
 			if fc, ok := m.(*pg_query.FuncCall); ok && len(fc.Funcname) > 0 {
 				if name := fc.Funcname[len(fc.Funcname)-1].GetString_().GetSval(); setReturning[name] {
-					p.fail(p.errAt(CodeNotSupported, int(fc.Location), hintOnce,
+					p.fail(p.errAt(sqlstate.FeatureNotSupported, int(fc.Location), hintOnce,
 						"leaf_next() and leaf_snowflake() cannot be used next to the set-returning function %s()", name))
 				}
 			}
@@ -434,20 +436,20 @@ func (p *planner) refuse(m proto.Message, where string, skip ...string) {
 		switch x := c.(type) {
 		case *pg_query.FuncCall:
 			if isDecode(x) {
-				p.fail(p.errAt(CodeNotSupported, int(x.Location), hintDecode, "leaf_decode() is not supported in %s", where))
+				p.fail(p.errAt(sqlstate.FeatureNotSupported, int(x.Location), hintDecode, "leaf_decode() is not supported in %s", where))
 				return false
 			}
 			if name := leafFunc(x); name != "" {
 				if name == "leaf_next" && len(x.Args) == 2 {
-					p.fail(p.errAt(CodeNotSupported, int(x.Location), hintBatch, "leaf_next(tag, n) returns a set of rows and is not supported in %s", where))
+					p.fail(p.errAt(sqlstate.FeatureNotSupported, int(x.Location), hintBatch, "leaf_next(tag, n) returns a set of rows and is not supported in %s", where))
 					return false
 				}
-				p.fail(p.errAt(CodeNotSupported, int(x.Location), hintOnce, "%s() is not supported in %s", name, where))
+				p.fail(p.errAt(sqlstate.FeatureNotSupported, int(x.Location), hintOnce, "%s() is not supported in %s", name, where))
 				return false
 			}
 		case *pg_query.InsertStmt:
 			if rule, loc := p.needsFill(x); rule != nil {
-				p.fail(p.errAt(CodeNotSupported, loc, "The proxy fills "+ruleName(rule.FillRule)+" only in a top-level INSERT … VALUES or a WITH (INSERT …) at the top level.",
+				p.fail(p.errAt(sqlstate.FeatureNotSupported, loc, "The proxy fills "+ruleName(rule.FillRule)+" only in a top-level INSERT … VALUES or a WITH (INSERT …) at the top level.",
 					"INSERT into %s inside %s cannot get its %s filled", x.Relation.Relname, where, rule.Column))
 			}
 		}

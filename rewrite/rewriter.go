@@ -6,6 +6,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"unicode/utf8"
+
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 )
 
 // DefaultCacheSize is the number of entries each cache level keeps when
@@ -291,7 +293,7 @@ func equalFoldASCII(s, lower string) bool {
 func (r *Rewriter) build(c *caches, sql string) (p *Plan, shaped bool, err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			p, shaped, err = nil, false, &Error{Code: codeInternal, Message: fmt.Sprintf("rewrite: internal error planning statement: %v", v)}
+			p, shaped, err = nil, false, &Error{Code: sqlstate.InternalError, Message: fmt.Sprintf("rewrite: internal error planning statement: %v", v)}
 		}
 	}()
 	toks, sh := r.scan(c.shapes, sql)

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 )
 
 func TestNewValidates(t *testing.T) {
@@ -198,8 +200,8 @@ func TestErrorCarriesSQLState(t *testing.T) {
 		t.Fatalf("Plan error %T is not *Error", err)
 	}
 	var state interface{ SQLState() string }
-	if !errors.As(err, &state) || state.SQLState() != CodeNotSupported {
-		t.Errorf("SQLState() = %v, want %s", state, CodeNotSupported)
+	if !errors.As(err, &state) || state.SQLState() != sqlstate.FeatureNotSupported {
+		t.Errorf("SQLState() = %v, want %s", state, sqlstate.FeatureNotSupported)
 	}
 	if e.Hint == "" || e.Position != 19 || !strings.Contains(e.Error(), "0A000") {
 		t.Errorf("error %+v lacks hint, position 19 or SQLSTATE in its text", e)
@@ -225,7 +227,7 @@ func TestExecuteTag(t *testing.T) {
 			t.Errorf("Tag(%d) = %q, %v; want %q, ok=%v", c.param, tag, err, c.tag, c.ok)
 		}
 		var e *Error
-		if err != nil && (!errors.As(err, &e) || e.Code != CodeInvalidParameter) {
+		if err != nil && (!errors.As(err, &e) || e.Code != sqlstate.InvalidParameterValue) {
 			t.Errorf("Tag(%d) error %v is not a 22023 *Error", c.param, err)
 		}
 	}
@@ -261,7 +263,7 @@ func TestSessionConflict(t *testing.T) {
 	}
 	for _, name := range []string{"a", "b"} {
 		var e *Error
-		if err := p.SessionConflict(withSlots(name)); !errors.As(err, &e) || e.Code != CodeNotSupported {
+		if err := p.SessionConflict(withSlots(name)); !errors.As(err, &e) || e.Code != sqlstate.FeatureNotSupported {
 			t.Errorf("%s has slots: got %v, want 0A000", name, err)
 		}
 	}

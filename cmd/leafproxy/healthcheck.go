@@ -9,11 +9,13 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/leafproxy/leafproxy/internal/config"
 )
 
 func healthcheckCmd(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("healthcheck", "healthcheck [--http ADDR] [--path /readyz]\n\nAsks a running leafproxy's admin server and exits 0 when it answers 200: a container\nhealth probe that needs no curl in the image.", stderr)
-	addr := fs.String("http", "", "admin address of the proxy (env LEAFPROXY_HTTP; default 127.0.0.1:8080)")
+	addr := fs.String("http", "", "admin address of the proxy (env LEAFPROXY_HTTP; default "+config.DefaultHTTP+")")
 	path := fs.String("path", "/readyz", "`PATH` to ask: /readyz (can issue IDs) or /healthz (process alive)")
 	timeout := fs.Duration("timeout", 3*time.Second, "give up after this `DURATION`")
 	if _, err := parseInterleaved(fs, args); err != nil {
@@ -23,7 +25,7 @@ func healthcheckCmd(args []string, stdout, stderr io.Writer) error {
 		*addr = os.Getenv("LEAFPROXY_HTTP")
 	}
 	if *addr == "" {
-		*addr = "127.0.0.1:8080"
+		*addr = config.DefaultHTTP
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()

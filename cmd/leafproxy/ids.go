@@ -9,28 +9,22 @@ import (
 	"github.com/leafproxy/leafproxy/idgen"
 	"github.com/leafproxy/leafproxy/internal/config"
 	"github.com/leafproxy/leafproxy/internal/httpapi"
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 	"github.com/leafproxy/leafproxy/proxy"
 )
 
-// SQLSTATEs of ID failures, as the README documents them.
-const (
-	stateUnknownTag  = "42704" // undefined_object
-	stateBadArgument = "22023" // invalid_parameter_value
-	stateNotHeld     = "55000" // object_not_in_prerequisite_state: clock backwards, worker ID not held
-	stateUnavailable = "58000" // system_error: the ID source cannot issue now
-)
-
-// sqlStateOf maps an engine error to the SQLSTATE the client sees.
+// sqlStateOf maps an engine error to the SQLSTATE the client sees, as the README
+// documents them.
 func sqlStateOf(err error) string {
 	switch {
 	case errors.Is(err, idgen.ErrUnknownTag):
-		return stateUnknownTag
+		return sqlstate.UndefinedObject
 	case errors.Is(err, idgen.ErrBadArgument):
-		return stateBadArgument
+		return sqlstate.InvalidParameterValue
 	case errors.Is(err, idgen.ErrClockBackwards), errors.Is(err, idgen.ErrWorkerNotHeld):
-		return stateNotHeld
+		return sqlstate.ObjectNotInPrerequisiteState
 	}
-	return stateUnavailable
+	return sqlstate.SystemError // the ID source cannot issue now
 }
 
 // idError is an engine error worded for the user of a SQL session: a message without Go

@@ -27,6 +27,7 @@ import (
 	"github.com/leafproxy/leafproxy/internal/health"
 	"github.com/leafproxy/leafproxy/internal/httpapi"
 	"github.com/leafproxy/leafproxy/internal/metrics"
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 	"github.com/leafproxy/leafproxy/migrations"
 	"github.com/leafproxy/leafproxy/proxy"
 	"github.com/leafproxy/leafproxy/rewrite"
@@ -73,7 +74,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 // withSchemaHint adds what to do when the store lacks the Leaf tables.
 func withSchemaHint(err error) error {
 	var pg *pgconn.PgError
-	if errors.As(err, &pg) && pg.Code == "42P01" {
+	if errors.As(err, &pg) && pg.Code == sqlstate.UndefinedTable {
 		return fmt.Errorf("%w (the store has no Leaf schema: run `leafproxy migrate up --dsn URL`, or set migrate-on-start)", err)
 	}
 	return err
@@ -112,6 +113,8 @@ type app struct {
 	stopping  atomic.Bool // shutdown began: /readyz fails so load balancers drain us
 	serving   atomic.Bool // the proxy serves its listener, with its rules loaded
 	snowflake *snowflake.Engine
+	segGen    idgen.Generator // segment, counted by the metrics
+	snowGen   idgen.Generator // snowflake, counted by the metrics
 	router    *idgen.Router
 	clock     snowflake.Clock  // nil: the system clock
 	now       func() time.Time // the clock of the worker sources (the engine's); nil: time.Now
@@ -135,39 +138,105 @@ type app struct {
 	rewriter  *rewrite.Rewriter    // the proxy's, told when the catalog changes
 }
 
-func (a *app) run(ctx context.Context) (err error) {
-	cfg, log := a.cfg, a.log
+// run starts leafproxy and serves until ctx ends, then shuts down gracefully. Its start-up
+// steps, in order: catch SIGHUP; bind the proxy's and the admin server's sockets
+// (listen); apply the migrations (migrateOnStart); connect to the store (connectStore);
+// set up metrics and health probes (observe); build the ID engines (buildEngines); start
+// the admin server (serveHTTP) and the background work (startBackground); start the
+// snowflake engine (startSnowflake) and the segment engine (startSegment); configure the
+// proxy (newProxy) and its rule watchers; serve clients (serve).
+func (a *app) run(ctx context.Context) error {
 	// Caught from the start: SIGHUP's default action would end the process.
 	hup, stopHup := notifyHangup()
 	defer stopHup()
-	log.WithFields(logrus.Fields{"version": buildVersion(), "listen": cfg.Listen, "upstream": cfg.Upstream,
-		"http": cfg.HTTP, "worker_source": cfg.WorkerSource}).Info("starting leafproxy")
+	a.log.WithFields(logrus.Fields{"version": buildVersion(), "listen": a.cfg.Listen, "upstream": a.cfg.Upstream,
+		"http": a.cfg.HTTP, "worker_source": a.cfg.WorkerSource}).Info("starting leafproxy")
 
-	// Bind both sockets first, so that a taken port fails the start at once.
-	proxyLn, err := net.Listen("tcp", cfg.Listen)
+	proxyLn, httpLn, err := a.listen()
 	if err != nil {
-		return fmt.Errorf("listen: %w", err)
+		return err
 	}
 	defer proxyLn.Close()
-	var httpLn net.Listener
-	if cfg.HTTP != "" {
-		if httpLn, err = net.Listen("tcp", cfg.HTTP); err != nil {
-			return fmt.Errorf("http: %w", err)
-		}
+	if httpLn != nil {
 		defer httpLn.Close()
-		if !isLoopback(httpLn.Addr()) && cfg.HTTPToken == "" {
-			log.WithField("http", httpLn.Addr().String()).Warn("the admin HTTP server is reachable from other hosts and has no http-token: anyone who reaches it can take IDs and read internals")
-		}
+	}
+	if err := a.migrateOnStart(); err != nil {
+		return err
+	}
+	if err := a.connectStore(ctx); err != nil {
+		return err
+	}
+	defer a.pool.Close()
+	if err := a.observe(); err != nil {
+		return err
+	}
+	if err := a.buildEngines(); err != nil {
+		return err
 	}
 
-	if cfg.MigrateOnStart {
-		if err := migrations.Up(cfg.Store); err != nil {
-			return fmt.Errorf("migrate-on-start: %w", err)
-		}
-		log.Info("migrations applied")
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	// Deferred after wg.Wait, so it runs before it: ends the helper goroutines on any return.
+	ctx, cancelRun := context.WithCancel(ctx)
+	defer cancelRun()
+	// The admin server comes up first, so that /healthz answers and /readyz says what the
+	// engines are waiting for while they start.
+	if httpLn != nil {
+		a.serveHTTP(httpLn, &wg)
+		defer a.shutdownHTTP()
 	}
+	a.startBackground(ctx, &wg)
+	if err := a.startSnowflake(ctx); err != nil {
+		return err
+	}
+	defer a.closeEngine("snowflake", a.snowflake.Close)
+	a.startSegment(ctx, &wg)
+	defer a.closeEngine("segment", a.segment.Close)
 
-	poolCfg, err := pgxpool.ParseConfig(cfg.Store)
+	if a.proxy, err = a.newProxy(); err != nil {
+		return err
+	}
+	wg.Go(func() { a.refreshCatalog(ctx, catalogRefresh) })
+	wg.Go(func() { a.watchFill(ctx, hup) })
+	return a.serve(ctx, proxyLn)
+}
+
+// listen binds the proxy's socket and, when http is set, the admin server's, before
+// anything else, so that a taken port fails the start at once. httpLn is nil without http.
+func (a *app) listen() (proxyLn, httpLn net.Listener, err error) {
+	cfg := a.cfg
+	if proxyLn, err = net.Listen("tcp", cfg.Listen); err != nil {
+		return nil, nil, fmt.Errorf("listen: %w", err)
+	}
+	if cfg.HTTP == "" {
+		return proxyLn, nil, nil
+	}
+	if httpLn, err = net.Listen("tcp", cfg.HTTP); err != nil {
+		proxyLn.Close()
+		return nil, nil, fmt.Errorf("http: %w", err)
+	}
+	if !isLoopback(httpLn.Addr()) && cfg.HTTPToken == "" {
+		a.log.WithField("http", httpLn.Addr().String()).Warn("the admin HTTP server is reachable from other hosts and has no http-token: anyone who reaches it can take IDs and read internals")
+	}
+	return proxyLn, httpLn, nil
+}
+
+// migrateOnStart applies the embedded migrations to the store when migrate-on-start is set.
+func (a *app) migrateOnStart() error {
+	if !a.cfg.MigrateOnStart {
+		return nil
+	}
+	if err := migrations.Up(a.cfg.Store); err != nil {
+		return fmt.Errorf("migrate-on-start: %w", err)
+	}
+	a.log.Info("migrations applied")
+	return nil
+}
+
+// connectStore opens the pool of connections to the store, which the segment engine, the
+// worker lease, the probes and the fill rules share.
+func (a *app) connectStore(ctx context.Context) error {
+	poolCfg, err := pgxpool.ParseConfig(a.cfg.Store)
 	if err != nil {
 		return fmt.Errorf("store: %w", err)
 	}
@@ -177,26 +246,38 @@ func (a *app) run(ctx context.Context) (err error) {
 	if a.pool, err = pgxpool.NewWithConfig(ctx, poolCfg); err != nil {
 		return fmt.Errorf("store: %w", err)
 	}
-	defer a.pool.Close()
+	return nil
+}
 
+// observe sets up what watches the proxy: the test clock of a test build, the profiler,
+// metrics, rates, history and the health probes.
+func (a *app) observe() error {
 	if newTestClock != nil {
+		var err error
 		if a.clock, a.now, a.debug, err = newTestClock(); err != nil {
 			return err
 		}
-		log.Warn("test build: the snowflake clock can be moved through POST /debug/clock")
+		a.log.Warn("test build: the snowflake clock can be moved through POST /debug/clock")
 	}
-	if cfg.HTTPPprof {
+	if a.cfg.HTTPPprof {
 		a.debug = withPprof(a.debug)
 	}
 	a.metrics = metrics.New(buildVersion(), a.bufferLevels)
 	a.rates = a.metrics.NewRateMeter(10 * time.Second)
 	a.history = metrics.NewHistory(historySamples)
 	a.newProbes()
+	return nil
+}
 
+// buildEngines builds the segment and snowflake engines (not started yet), the router
+// between them and the runway figures.
+func (a *app) buildEngines() error {
+	cfg := a.cfg
+	var err error
 	if a.segment, err = segment.New(segment.Settings{
 		Store:            segment.NewPostgresStore(a.pool),
 		PreloadThreshold: cfg.SegmentPreload,
-		Logger:           log,
+		Logger:           a.log,
 		Hooks: segment.Hooks{
 			OnLoad:        a.metrics.SegmentLoad,
 			OnUnavailable: a.metrics.SegmentUnavailable,
@@ -215,7 +296,7 @@ func (a *app) run(ctx context.Context) (err error) {
 		Source:       src,
 		MaxBackwards: cfg.MaxBackwards,
 		Clock:        a.clock,
-		Logger:       log,
+		Logger:       a.log,
 		Hooks: snowflake.Hooks{
 			OnClockBackwards:    a.metrics.ClockBackwards,
 			OnSequenceExhausted: a.metrics.SequenceExhausted,
@@ -225,105 +306,86 @@ func (a *app) run(ctx context.Context) (err error) {
 	}); err != nil {
 		return err
 	}
-	segGen := a.metrics.Counting("segment", a.segment)
-	snowGen := a.metrics.Counting("snowflake", a.snowflake)
-	a.router = idgen.NewRouter(segGen, snowGen, cfg.SnowflakeTags)
+	a.segGen = a.metrics.Counting("segment", a.segment)
+	a.snowGen = a.metrics.Counting("snowflake", a.snowflake)
+	a.router = idgen.NewRouter(a.segGen, a.snowGen, cfg.SnowflakeTags)
 	a.runway = a.newRunway()
+	return nil
+}
 
-	// The admin server comes up first, so that /healthz answers and /readyz says what the
-	// engines are waiting for while they start.
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	// Deferred after wg.Wait, so it runs before it: ends the helper goroutines on any return.
-	ctx, cancelRun := context.WithCancel(ctx)
-	defer cancelRun()
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		a.runway.Run(ctx) // reads the store in the background for the runway gauges
-	}()
-	if httpLn != nil {
-		a.http = &http.Server{
-			Handler: httpapi.New(httpapi.Options{
-				Segment:        segGen,
-				Snowflake:      snowGen,
-				MaxBatch:       cfg.MaxBatch,
-				Decode:         func(id int64) httpapi.Decoded { return decoded(a.snowflake.Codec(), id) },
-				Cache:          a.segment.Snapshot,
-				Status:         a.status,
-				History:        a.historyNow,
-				Rates:          a.rates.Rates,
-				IsSnowflakeTag: a.router.IsSnowflake,
-				Totals:         a.metrics.IssuedTotals,
-				Ready:          a.ready,
-				Metrics:        a.metrics.Handler(),
-				Token:          cfg.HTTPToken,
-				Logger:         log,
-				Extra:          a.debug,
-			}),
-			ReadHeaderTimeout: 10 * time.Second,
+// serveHTTP starts the admin server on ln.
+func (a *app) serveHTTP(ln net.Listener, wg *sync.WaitGroup) {
+	a.http = &http.Server{
+		Handler: httpapi.New(httpapi.Options{
+			Segment:        a.segGen,
+			Snowflake:      a.snowGen,
+			MaxBatch:       a.cfg.MaxBatch,
+			Decode:         func(id int64) httpapi.Decoded { return decoded(a.snowflake.Codec(), id) },
+			Cache:          a.segment.Snapshot,
+			Status:         a.status,
+			History:        a.historyNow,
+			Rates:          a.rates.Rates,
+			IsSnowflakeTag: a.router.IsSnowflake,
+			Totals:         a.metrics.IssuedTotals,
+			Ready:          a.ready,
+			Metrics:        a.metrics.Handler(),
+			Token:          a.cfg.HTTPToken,
+			Logger:         a.log,
+			Extra:          a.debug,
+		}),
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+	wg.Go(func() {
+		if err := a.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			a.log.WithError(err).Error("admin HTTP server stopped")
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := a.http.Serve(httpLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.WithError(err).Error("admin HTTP server stopped")
-			}
-		}()
-		defer a.shutdownHTTP()
-	}
-	for _, chore := range []func(context.Context){a.sampleRates, a.watch, a.upstreamProbe.Run, a.storeProbe.Run} {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			chore(ctx)
-		}()
-	}
+	})
+}
 
-	// The snowflake engine must hold a worker ID before it may issue; a worker source
-	// that refuses (IDs exhausted, clock behind the recorded high-water mark) fails the
-	// start with its reason.
-	startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	err = a.snowflake.Start(startCtx)
-	cancel()
-	if err != nil {
+// startBackground starts the periodic work that runs until ctx ends: the runway figures
+// (read from the store), the rates, the watch on tags and workers, and the probes.
+func (a *app) startBackground(ctx context.Context, wg *sync.WaitGroup) {
+	for _, chore := range []func(context.Context){a.runway.Run, a.sampleRates, a.watch, a.upstreamProbe.Run, a.storeProbe.Run} {
+		wg.Go(func() { chore(ctx) })
+	}
+}
+
+// startSnowflake starts the snowflake engine, which must hold a worker ID before it may
+// issue; a worker source that refuses (IDs exhausted, clock behind the recorded
+// high-water mark) fails the start with its reason.
+func (a *app) startSnowflake(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := a.snowflake.Start(ctx); err != nil {
 		return fmt.Errorf("snowflake engine: %w", err)
 	}
-	defer a.closeEngine("snowflake", a.snowflake.Close)
+	return nil
+}
 
-	// The segment engine retries loading the tag list until the store answers; meanwhile
-	// the proxy already relays queries and /readyz explains the wait.
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+// startSegment starts the segment engine in the background: it retries loading the tag
+// list until the store answers; meanwhile the proxy already relays queries and /readyz
+// explains the wait.
+func (a *app) startSegment(ctx context.Context, wg *sync.WaitGroup) {
+	wg.Go(func() {
 		if err := a.segment.Start(ctx); err != nil {
 			if ctx.Err() == nil {
-				log.WithError(err).Error("segment engine did not start")
+				a.log.WithError(err).Error("segment engine did not start")
 			}
 			return
 		}
 		a.segReady.Store(true)
-		log.WithField("tags", len(a.segment.Tags())).Info("segment engine started")
+		a.log.WithField("tags", len(a.segment.Tags())).Info("segment engine started")
 		a.checkTags()
-	}()
-	defer a.closeEngine("segment", a.segment.Close)
+	})
+}
 
-	if a.proxy, err = a.newProxy(); err != nil {
-		return err
-	}
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		a.refreshCatalog(ctx, catalogRefresh)
-	}()
-	go func() {
-		defer wg.Done()
-		a.watchFill(ctx, hup)
-	}()
+// serve serves clients on ln until the proxy fails or ctx ends; then it stops taking new
+// clients and waits up to shutdown-timeout for the sessions to end before closing them.
+func (a *app) serve(ctx context.Context, ln net.Listener) error {
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- a.proxy.Serve(proxyLn) }()
+	go func() { serveErr <- a.proxy.Serve(ln) }()
 	a.serving.Store(true)
-	log.WithField("listen", proxyLn.Addr().String()).Info("proxy accepting connections")
+	a.log.WithField("listen", ln.Addr().String()).Info("proxy accepting connections")
 
 	select {
 	case err := <-serveErr:
@@ -331,11 +393,11 @@ func (a *app) run(ctx context.Context) (err error) {
 	case <-ctx.Done():
 	}
 	a.stopping.Store(true)
-	log.Info("shutting down: no new connections; waiting for sessions to finish")
-	shutCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	a.log.Info("shutting down: no new connections; waiting for sessions to finish")
+	shutCtx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
 	defer cancel()
 	if err := a.proxy.Shutdown(shutCtx); err != nil {
-		log.WithError(err).Warn("sessions still open at the shutdown deadline; closing them")
+		a.log.WithError(err).Warn("sessions still open at the shutdown deadline; closing them")
 		a.proxy.Close()
 	}
 	<-serveErr
@@ -376,10 +438,6 @@ func (a *app) sampleRates(ctx context.Context) {
 // newProxy configures the wire-protocol server from the configuration.
 func (a *app) newProxy() (*proxy.Server, error) {
 	cfg := a.cfg
-	mode, err := proxy.ParseSSLMode(cfg.UpstreamSSLMode)
-	if err != nil {
-		return nil, fmt.Errorf("upstream-sslmode: %w", err)
-	}
 	rw, err := a.newRewriter(a.initialFillRules(context.Background()))
 	if err != nil {
 		return nil, fmt.Errorf("fill: %w", err)
@@ -391,7 +449,7 @@ func (a *app) newProxy() (*proxy.Server, error) {
 		Rewriter:        rw,
 		IDs:             &idSource{router: a.router},
 		Upstream:        cfg.Upstream,
-		UpstreamSSLMode: mode,
+		UpstreamSSLMode: cfg.UpstreamSSL,
 		MaxClientConns:  cfg.MaxClientConns,
 		MaxMessageSize:  cfg.MaxMessageSize,
 		MaxBatch:        cfg.MaxBatch,

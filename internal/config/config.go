@@ -14,14 +14,25 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/leafproxy/leafproxy/idgen/segment"
+	"github.com/leafproxy/leafproxy/idgen/snowflake"
 	"github.com/leafproxy/leafproxy/internal/metrics"
+	"github.com/leafproxy/leafproxy/proxy"
 )
 
 // EnvPrefix starts the name of every environment variable the configuration reads.
 const EnvPrefix = "LEAFPROXY_"
 
-// DefaultSnowflakeEpoch is Leaf's (and Twitter's) snowflake epoch, 2010-11-04T01:42:54.657Z.
-const DefaultSnowflakeEpoch int64 = 1288834974657
+// DefaultSnowflakeEpoch is the snowflake engine's default epoch, Leaf's (and Twitter's):
+// 2010-11-04T01:42:54.657Z.
+const DefaultSnowflakeEpoch = snowflake.DefaultEpochMillis
+
+// DefaultUpstream is the address of the PostgreSQL server behind the proxy when none is
+// given: the local one on its standard port.
+const DefaultUpstream = "127.0.0.1:5432"
+
+// DefaultHTTP is the address of the admin HTTP server when none is given.
+const DefaultHTTP = "127.0.0.1:8080"
 
 // Worker-ID sources.
 const (
@@ -42,6 +53,8 @@ type Config struct {
 	MaxClientConns  int    `yaml:"max-client-conns"`
 	MaxMessageSize  int    `yaml:"max-message-size"`
 	EventLoops      int    `yaml:"event-loops"`
+	// UpstreamSSL is UpstreamSSLMode parsed; Validate sets it.
+	UpstreamSSL proxy.SSLMode `yaml:"-"`
 
 	Store          string `yaml:"store"`
 	MigrateOnStart bool   `yaml:"migrate-on-start"`
@@ -88,20 +101,21 @@ type Config struct {
 	Origins map[string]string `yaml:"-"`
 }
 
-// Defaults returns the configuration used where nothing else is said.
+// Defaults returns the configuration used where nothing else is said. A default that the
+// proxy or an ID engine has of its own is taken from there.
 func Defaults() Config {
 	return Config{
-		Listen:          "127.0.0.1:6432",
-		Upstream:        "127.0.0.1:5432",
-		UpstreamSSLMode: "prefer",
+		Listen:          proxy.DefaultAddr,
+		Upstream:        DefaultUpstream,
+		UpstreamSSLMode: string(proxy.SSLPrefer),
 		MaxClientConns:  1000,
-		MaxMessageSize:  1 << 30,
-		HTTP:            "127.0.0.1:8080",
+		MaxMessageSize:  proxy.DefaultMaxMessageSize,
+		HTTP:            DefaultHTTP,
 		ZooKeeperName:   "leafproxy",
 		SnowflakeEpoch:  DefaultSnowflakeEpoch,
-		MaxBackwards:    5 * time.Millisecond,
-		SegmentPreload:  0.9,
-		MaxBatch:        10_000,
+		MaxBackwards:    snowflake.DefaultMaxBackwards,
+		SegmentPreload:  segment.DefaultPreloadThreshold,
+		MaxBatch:        proxy.DefaultMaxBatch,
 		ShutdownTimeout: 30 * time.Second,
 		FillRefresh:     60 * time.Second,
 		LogLevel:        "info",
@@ -162,6 +176,8 @@ type setting struct {
 	field func(*Config) any
 	// repeat: the flag may be given several times; each adds to the list.
 	repeat bool
+	// check reports what is wrong with the value (nil: any value goes); see validate.go.
+	check func(c *Config, bad problem)
 }
 
 // EnvName returns the environment variable of a setting name: worker-id → LEAFPROXY_WORKER_ID.
@@ -169,73 +185,108 @@ func EnvName(name string) string {
 	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
 }
 
+// settings is every setting, in the order of the help text. Adding one takes a field in
+// Config (with its yaml key), a row here (name, usage, field and, when some values are
+// wrong, check, a function of validate.go's kind), and its default in Defaults when it
+// is not the zero value.
 var settings = []setting{
 	{name: "listen", arg: "HOST:PORT", usage: "address the PostgreSQL proxy listens on (host:port)",
-		field: func(c *Config) any { return &c.Listen }},
+		field: func(c *Config) any { return &c.Listen },
+		check: checkListen},
 	{name: "upstream", arg: "HOST:PORT|SOCKET", usage: "address of the real PostgreSQL server: host:port, or the path of a Unix socket",
-		field: func(c *Config) any { return &c.Upstream }},
+		field: func(c *Config) any { return &c.Upstream },
+		check: checkUpstream},
 	{name: "databases", alias: "database", arg: "NAME=CONNSTRING", repeat: true, usage: "route the database NAME clients ask for to an upstream, as a PgBouncer [databases] line: host=H port=P dbname=D (or upstream=HOST:PORT|SOCKET); NAME * serves every other database; repeatable; unset: every database goes to upstream",
-		field: func(c *Config) any { return &c.Databases }},
+		field: func(c *Config) any { return &c.Databases },
+		check: checkDatabases},
 	{name: "upstream-sslmode", arg: "MODE", usage: "TLS to the upstream: disable, prefer, require or verify-full (libpq's meanings)",
-		field: func(c *Config) any { return &c.UpstreamSSLMode }},
+		field: func(c *Config) any { return &c.UpstreamSSLMode },
+		check: checkUpstreamSSLMode},
 	{name: "upstream-ca", arg: "FILE", usage: "PEM file of CA certificates that verify the upstream under verify-full (default: the system roots)",
-		field: func(c *Config) any { return &c.UpstreamCA }},
+		field: func(c *Config) any { return &c.UpstreamCA },
+		check: checkUpstreamCA},
 	{name: "tls-cert", arg: "FILE", usage: "PEM certificate offered to clients that ask for TLS (with tls-key); unset: clients get no TLS",
-		field: func(c *Config) any { return &c.TLSCert }},
+		field: func(c *Config) any { return &c.TLSCert },
+		check: checkTLSCert},
 	{name: "tls-key", arg: "FILE", usage: "PEM private key of tls-cert",
-		field: func(c *Config) any { return &c.TLSKey }},
+		field: func(c *Config) any { return &c.TLSKey },
+		check: checkTLSKey},
 	{name: "max-client-conns", usage: "client connections served at once; more are refused with SQLSTATE 53300",
-		field: func(c *Config) any { return &c.MaxClientConns }},
+		field: func(c *Config) any { return &c.MaxClientConns },
+		check: checkMaxClientConns},
 	{name: "max-message-size", arg: "BYTES", usage: "largest protocol message in bytes accepted from either side",
-		field: func(c *Config) any { return &c.MaxMessageSize }},
+		field: func(c *Config) any { return &c.MaxMessageSize },
+		check: checkMaxMessageSize},
 	{name: "event-loops", arg: "N", usage: "event loops serving the sessions; 0: one per four processors; -1: a goroutine pair per session instead",
-		field: func(c *Config) any { return &c.EventLoops }},
+		field: func(c *Config) any { return &c.EventLoops },
+		check: checkEventLoops},
 	{name: "store", arg: "URL", usage: "PostgreSQL URL of the database holding leaf_alloc and leaf_worker_lease (required), e.g. postgres://leaf@127.0.0.1:5432/app",
-		field: func(c *Config) any { return &c.Store }},
+		field: func(c *Config) any { return &c.Store },
+		check: checkStore},
 	{name: "migrate-on-start", usage: "apply the embedded migrations to the store before serving",
 		field: func(c *Config) any { return &c.MigrateOnStart }},
 	{name: "http", arg: "HOST:PORT", usage: "address of the HTTP admin API, status page and metrics (host:port); empty disables it",
-		field: func(c *Config) any { return &c.HTTP }},
+		field: func(c *Config) any { return &c.HTTP },
+		check: checkHTTP},
 	{name: "http-token", arg: "TOKEN", usage: "bearer token required on every HTTP endpoint except /healthz; empty: no token",
-		field: func(c *Config) any { return &c.HTTPToken }},
+		field: func(c *Config) any { return &c.HTTPToken },
+		check: checkHTTPToken},
 	{name: "http-pprof", usage: "serve Go's profiler under /debug/pprof/ on the admin HTTP server (behind http-token when set)",
 		field: func(c *Config) any { return &c.HTTPPprof }},
 	{name: "worker-source", arg: "SOURCE", usage: "where the snowflake worker ID comes from: static, postgres or zookeeper (default: zookeeper when zk is set, else postgres)",
-		field: func(c *Config) any { return &c.WorkerSource }},
+		field: func(c *Config) any { return &c.WorkerSource },
+		check: checkWorkerSource},
 	{name: "worker-id", usage: "snowflake worker ID 0..1023 (worker-source static only)",
-		field: func(c *Config) any { return &c.WorkerID }},
+		field: func(c *Config) any { return &c.WorkerID },
+		check: checkWorkerID},
 	{name: "worker-state-dir", arg: "DIR", usage: "directory where worker-source static keeps the worker ID's time high-water mark (worker-{id}.highwater) and lock; use one that survives reboots (default: {TMPDIR}/leafproxy)",
-		field: func(c *Config) any { return &c.WorkerStateDir }},
+		field: func(c *Config) any { return &c.WorkerStateDir },
+		check: checkWorkerStateDir},
 	{name: "worker-lease-ttl", usage: "how long a leaf_worker_lease row holds the worker ID without a renewal (worker-source postgres); renewed every third of it (at most 3s); the proxy stops issuing a tenth of it before the row can expire (default 30s)",
-		field: func(c *Config) any { return &c.WorkerLeaseTTL }},
+		field: func(c *Config) any { return &c.WorkerLeaseTTL },
+		check: checkWorkerLeaseTTL},
 	{name: "zk", arg: "HOST:PORT,...", usage: "ZooKeeper servers, comma-separated host:port list",
-		field: func(c *Config) any { return &c.ZooKeeper }},
+		field: func(c *Config) any { return &c.ZooKeeper },
+		check: checkZooKeeper},
 	{name: "zk-name", arg: "NAME", usage: "name under /snowflake/ in ZooKeeper (Leaf's leaf.name); also the leaf_worker_lease holder prefix",
-		field: func(c *Config) any { return &c.ZooKeeperName }},
+		field: func(c *Config) any { return &c.ZooKeeperName },
+		check: checkZooKeeperName},
 	{name: "advertise", arg: "IP:PORT", usage: "ip:port that identifies this proxy to the worker-ID source (default: the listen port with the listen IP, or with the first non-loopback IPv4 when listening on loopback or all interfaces)",
-		field: func(c *Config) any { return &c.AdvertisedAddr }},
+		field: func(c *Config) any { return &c.AdvertisedAddr },
+		check: checkAdvertise},
 	{name: "snowflake-tags", arg: "TAG,...", usage: "tags served by the snowflake engine, comma-separated; every other tag is a segment tag",
-		field: func(c *Config) any { return &c.SnowflakeTags }},
+		field: func(c *Config) any { return &c.SnowflakeTags },
+		check: checkSnowflakeTags},
 	{name: "snowflake-epoch", arg: "MS", usage: "snowflake epoch in Unix milliseconds",
-		field: func(c *Config) any { return &c.SnowflakeEpoch }},
+		field: func(c *Config) any { return &c.SnowflakeEpoch },
+		check: checkSnowflakeEpoch},
 	{name: "clock-max-backwards", usage: "largest backwards clock step the snowflake engine waits out; more fails the request",
-		field: func(c *Config) any { return &c.MaxBackwards }},
+		field: func(c *Config) any { return &c.MaxBackwards },
+		check: checkMaxBackwards},
 	{name: "max-batch", arg: "N", usage: "largest number of IDs one SELECT leaf_next('tag', n) or HTTP ?count=n hands out",
-		field: func(c *Config) any { return &c.MaxBatch }},
+		field: func(c *Config) any { return &c.MaxBatch },
+		check: checkMaxBatch},
 	{name: "fill", arg: "[SCHEMA.]TABLE.COLUMN=TAG", repeat: true, usage: "fill rule [schema.]table.column=tag: INSERTs into table without column get an ID of tag (repeatable)",
-		field: func(c *Config) any { return &c.Fill }},
+		field: func(c *Config) any { return &c.Fill },
+		check: checkFill},
 	{name: "fill-refresh", usage: "how often the fill rules in the store (leaf_fill) are read again; SIGHUP reads them at once",
-		field: func(c *Config) any { return &c.FillRefresh }},
+		field: func(c *Config) any { return &c.FillRefresh },
+		check: checkFillRefresh},
 	{name: "segment-preload", usage: "load the next segment when less than this fraction of the current one is left (Leaf: 0.9)",
-		field: func(c *Config) any { return &c.SegmentPreload }},
+		field: func(c *Config) any { return &c.SegmentPreload },
+		check: checkSegmentPreload},
 	{name: "key-types", arg: "TAG=TYPE,...", usage: "key column type of segment tags, for their runway (IDs and time left): TYPE is bigint, integer or js (2^53-1); *=TYPE sets it for every tag not named (default bigint)",
-		field: func(c *Config) any { return &c.KeyTypes }},
+		field: func(c *Config) any { return &c.KeyTypes },
+		check: checkKeyTypes},
 	{name: "shutdown-timeout", usage: "how long a graceful shutdown waits for client sessions to end",
-		field: func(c *Config) any { return &c.ShutdownTimeout }},
+		field: func(c *Config) any { return &c.ShutdownTimeout },
+		check: checkShutdownTimeout},
 	{name: "log-level", arg: "LEVEL", usage: "log level: trace, debug, info, warn, error",
-		field: func(c *Config) any { return &c.LogLevel }},
+		field: func(c *Config) any { return &c.LogLevel },
+		check: checkLogLevel},
 	{name: "log-format", arg: "FORMAT", usage: "log format: text or json",
-		field: func(c *Config) any { return &c.LogFormat }},
+		field: func(c *Config) any { return &c.LogFormat },
+		check: checkLogFormat},
 }
 
 // Names returns every setting name in the order of the help text.

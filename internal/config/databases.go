@@ -353,7 +353,7 @@ func quoteConnValue(v string) string {
 }
 
 // checkDatabases checks the addresses of the databases setting; Validate calls it.
-func checkDatabases(c *Config, bad func(format string, args ...any)) {
+func checkDatabases(c *Config, bad problem) {
 	for _, d := range c.Databases {
 		if d.Upstream == "" || strings.HasPrefix(d.Upstream, "/") {
 			continue

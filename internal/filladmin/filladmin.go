@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/leafproxy/leafproxy/internal/config"
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 )
 
 // Errors the commands report; test them with errors.Is.
@@ -30,7 +31,7 @@ type DB interface {
 
 func schemaError(err error) error {
 	var pg *pgconn.PgError
-	if errors.As(err, &pg) && pg.Code == "42P01" {
+	if errors.As(err, &pg) && pg.Code == sqlstate.UndefinedTable {
 		return ErrNoSchema
 	}
 	return err

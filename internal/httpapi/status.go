@@ -13,6 +13,7 @@ import (
 
 	"github.com/leafproxy/leafproxy/internal/health"
 	"github.com/leafproxy/leafproxy/internal/metrics"
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 )
 
 // The status page is one server-rendered HTML document that an operator keeps open: it
@@ -78,17 +79,17 @@ type LeaseEvent struct {
 
 // sqlStateNames are the SQLSTATEs the proxy answers itself, for the errors table.
 var sqlStateNames = map[string]string{
-	"42704": "unknown tag",
-	"22023": "bad argument",
-	"0A000": "unsupported here",
-	"55000": "clock backwards / worker ID not held",
-	"58000": "ID source unavailable",
-	"22P04": "bad COPY data",
-	"54000": "message too large",
-	"54001": "statement too complex",
-	"08001": "upstream unreachable",
-	"53300": "too many clients",
-	"57P03": "shutting down",
+	sqlstate.UndefinedObject:              "unknown tag",
+	sqlstate.InvalidParameterValue:        "bad argument",
+	sqlstate.FeatureNotSupported:          "unsupported here",
+	sqlstate.ObjectNotInPrerequisiteState: "clock backwards / worker ID not held",
+	sqlstate.SystemError:                  "ID source unavailable",
+	sqlstate.BadCopyFileFormat:            "bad COPY data",
+	sqlstate.ProgramLimitExceeded:         "message too large",
+	sqlstate.StatementTooComplex:          "statement too complex",
+	sqlstate.ConnectionUnable:             "upstream unreachable",
+	sqlstate.TooManyConnections:           "too many clients",
+	sqlstate.CannotConnectNow:             "shutting down",
 }
 
 var statusTemplate = template.Must(template.New("status").Funcs(template.FuncMap{"lasts": lasts}).Parse(`<!DOCTYPE html>

@@ -19,6 +19,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/leafproxy/leafproxy/idgen"
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 )
 
 const namespace = "leafproxy"
@@ -29,10 +30,17 @@ const namespace = "leafproxy"
 var (
 	// StatementSQLStates are the SQLSTATEs the proxy answers a statement with itself
 	// (leafproxy_errors_total).
-	StatementSQLStates = []string{"42704", "22023", "0A000", "55000", "58000", "22P04", "54000", "54001"}
+	StatementSQLStates = []string{
+		sqlstate.UndefinedObject, sqlstate.InvalidParameterValue, sqlstate.FeatureNotSupported,
+		sqlstate.ObjectNotInPrerequisiteState, sqlstate.SystemError, sqlstate.BadCopyFileFormat,
+		sqlstate.ProgramLimitExceeded, sqlstate.StatementTooComplex,
+	}
 	// StartupSQLStates are the SQLSTATEs of the FATAL errors with which the proxy refuses a
 	// client itself (leafproxy_client_rejects_total).
-	StartupSQLStates = []string{"08001", "53300", "57P03", "0A000"}
+	StartupSQLStates = []string{
+		sqlstate.ConnectionUnable, sqlstate.TooManyConnections, sqlstate.CannotConnectNow,
+		sqlstate.FeatureNotSupported,
+	}
 	// ErrorReasons are the reasons of leafproxy_id_errors_total (see ErrorReason).
 	ErrorReasons = []string{"unknown_tag", "unavailable", "clock_backwards", "worker_not_held", "bad_argument", "canceled", "other"}
 	// WorkerEvents are the events of leafproxy_worker_events_total.

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/leafproxy/leafproxy/internal/config"
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
 )
 
 // Errors the commands report; test them with errors.Is.
@@ -55,7 +56,7 @@ func checkStep(step int64) error {
 // schemaError turns "relation leaf_alloc does not exist" into ErrNoSchema.
 func schemaError(err error) error {
 	var pg *pgconn.PgError
-	if errors.As(err, &pg) && pg.Code == "42P01" {
+	if errors.As(err, &pg) && pg.Code == sqlstate.UndefinedTable {
 		return ErrNoSchema
 	}
 	return err

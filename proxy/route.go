@@ -14,7 +14,6 @@ import (
 // with SetRoutes takes effect for the sessions that start afterwards, while a session in
 // progress keeps the upstream it was sent to, and so does a cancel request for it.
 
-
 // Route says where the sessions of one database go.
 type Route struct {
 	// Upstream is the server's address: host:port, or the path of a Unix socket. Empty

@@ -263,8 +263,8 @@ func TestParseSecret(t *testing.T) {
 		"md5e55e2f1ac22f2b7cc4a7ecdd1ec3f2a":                               Plain, // one digit short
 		"md5e55e2f1ac22f2b7cc4a7ecdd1ec3f2ag":                              Plain,
 		"SCRAM-SHA-256$4096:c2FsdA==$" + strings.Repeat("A", 43) + "=:xyz": Plain,
-		rfcSecretString(): SCRAM,
-		"pencil":          Plain,
+		rfcSecretString():                                                  SCRAM,
+		"pencil":                                                           Plain,
 	} {
 		if got := ParseSecret(in).Kind; got != want {
 			t.Errorf("ParseSecret(%q) is %s, want %s", in, got, want)

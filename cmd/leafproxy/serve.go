@@ -388,6 +388,7 @@ func (a *app) newProxy() (*proxy.Server, error) {
 		IDs:             &idSource{router: a.router},
 		Upstream:        cfg.Upstream,
 		UpstreamSSLMode: mode,
+		Auth:            clientAuth(cfg),
 		MaxClientConns:  cfg.MaxClientConns,
 		MaxMessageSize:  cfg.MaxMessageSize,
 		MaxBatch:        cfg.MaxBatch,

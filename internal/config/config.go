@@ -43,6 +43,13 @@ type Config struct {
 	MaxMessageSize  int    `yaml:"max-message-size"`
 	EventLoops      int    `yaml:"event-loops"`
 
+	// Authentication at the proxy (auth.go).
+	AuthType     string `yaml:"auth-type"`
+	AuthFile     string `yaml:"auth-file"`
+	AuthUser     string `yaml:"auth-user"`
+	AuthQuery    string `yaml:"auth-query"`
+	AuthPassword string `yaml:"auth-password"`
+
 	Store          string `yaml:"store"`
 	MigrateOnStart bool   `yaml:"migrate-on-start"`
 
@@ -93,6 +100,8 @@ func Defaults() Config {
 		UpstreamSSLMode: "prefer",
 		MaxClientConns:  1000,
 		MaxMessageSize:  1 << 30,
+		AuthType:        AuthPassthrough,
+		AuthQuery:       DefaultAuthQuery,
 		HTTP:            "127.0.0.1:8080",
 		ZooKeeperName:   "leafproxy",
 		SnowflakeEpoch:  DefaultSnowflakeEpoch,

@@ -207,6 +207,7 @@ func (c *Config) Validate() error {
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		bad("log-format", "%q is not one of text, json", c.LogFormat)
 	}
+	c.validateAuth(bad)
 	return errors.Join(errs...)
 }
 

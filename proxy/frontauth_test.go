@@ -2,12 +2,14 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"encoding/binary"
 	"fmt"
 	"net"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -348,4 +350,82 @@ func TestAuthAtProxyChannelBinding(t *testing.T) {
 		_, err := pgx.Connect(ctx, u)
 		wantSQLState(t, err, "28P01")
 	})
+}
+
+// TestAuthAtProxyCancel: the cancel key of a session the proxy logged in for still
+// cancels its statement, from pgx and from psql.
+func TestAuthAtProxyCancel(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	watcher := connect(t, db)
+	file := writeAuthFile(t, testenv.SCRAMUser, storedSecret(t, db, testenv.SCRAMUser))
+	p := startProxy(t, db, func(s *Server) { s.Auth = &ClientAuth{Type: AuthSCRAM, File: file} })
+	connURL := p.url(testenv.WithUser(db, testenv.SCRAMUser, testenv.SCRAMPassword))
+
+	conn := connectCancelling(t, connURL)
+	sql := "SELECT pg_sleep(60) /* pgx, auth at the proxy */"
+	done, cancel := goStatement(t, func(ctx context.Context) error { _, err := conn.Exec(ctx, sql); return err })
+	waitRunning(t, watcher, sql)
+	cancel()
+	wantSQLState(t, result(t, done, "the cancelled statement"), "57014")
+
+	sql = "SELECT pg_sleep(60) /* psql, auth at the proxy */"
+	psqlInterrupted(t, connURL, sql, func() { waitRunning(t, watcher, sql) })
+}
+
+// TestAuthAtProxyPsql logs in with psql (libpq) through a proxy that checks passwords
+// from an auth query, over the proxy's own TLS with libpq's defaults and with
+// channel_binding=require, and in plaintext.
+func TestAuthAtProxyPsql(t *testing.T) {
+	psql := needTool(t, "psql")
+	db := testenv.NewDatabase(t)
+	role := createAuthQueryFunction(t, db)
+	cfg, caFile := proxyCertificate(t)
+	p := startProxy(t, db, func(s *Server) {
+		s.TLSConfig = cfg
+		s.Auth = &ClientAuth{Type: AuthMD5, User: role, Query: testAuthQuery}
+	})
+	u, err := url.Parse(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, port, _ := net.SplitHostPort(p.addr)
+	const tlsLine = "SSL connection"
+	for _, tt := range []struct {
+		name, user, password, params, want string
+		tls                                bool
+	}{
+		{"scram, defaults", testenv.SCRAMUser, testenv.SCRAMPassword, "", testenv.SCRAMUser, true},
+		{"scram, channel_binding=require", testenv.SCRAMUser, testenv.SCRAMPassword,
+			"sslmode=verify-ca sslrootcert=" + caFile + " channel_binding=require", testenv.SCRAMUser, true},
+		{"scram, wrong password", testenv.SCRAMUser, "wrong", "", `password authentication failed for user "leaf_scram"`, false},
+		{"scram, plaintext", testenv.SCRAMUser, testenv.SCRAMPassword, "sslmode=disable", testenv.SCRAMUser, false},
+		{"md5, defaults", testenv.MD5User, testenv.MD5Password, "", testenv.MD5User, true},
+		{"md5, wrong password", testenv.MD5User, "wrong", "", `password authentication failed for user "leaf_md5"`, false},
+		// libpq refuses md5 when it must bind the channel.
+		{"md5, channel_binding=require", testenv.MD5User, testenv.MD5Password, "channel_binding=require", "channel binding required", false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			conninfo := fmt.Sprintf("host=%s port=%s dbname=%s user=%s %s", host, port, strings.TrimPrefix(u.Path, "/"), tt.user, tt.params)
+			cmd := exec.Command(psql, "-X", "-At", "-w", "-d", conninfo, "-c", `\conninfo`, "-c", "SELECT 'user ' || current_user")
+			// libpq's defaults, whatever the environment says.
+			cmd.Env = []string{"PGPASSWORD=" + tt.password}
+			for _, kv := range os.Environ() {
+				if !strings.HasPrefix(kv, "PG") {
+					cmd.Env = append(cmd.Env, kv)
+				}
+			}
+			out, err := cmd.CombinedOutput()
+			got := string(out)
+			if tt.want == tt.user {
+				if err != nil || !strings.Contains(got, "user "+tt.user) {
+					t.Fatalf("psql: %v\n%s", err, got)
+				}
+			} else if err == nil || !strings.Contains(got, tt.want) {
+				t.Fatalf("psql: %v\n%s\nwant %q", err, got, tt.want)
+			}
+			if tt.tls != strings.Contains(got, tlsLine) {
+				t.Fatalf("psql over TLS: %v, want %v\n%s", !tt.tls, tt.tls, got)
+			}
+		})
+	}
 }

@@ -429,3 +429,19 @@ func TestAuthAtProxyPsql(t *testing.T) {
 		})
 	}
 }
+
+// TestAuthAtProxyTrust: trust lets the client in without a password only when the proxy
+// can log in for it: with the auth file's plaintext secret, or where the database trusts.
+func TestAuthAtProxyTrust(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	file := writeAuthFile(t,
+		testenv.MD5User, testenv.MD5Password,
+		testenv.SCRAMUser, storedSecret(t, db, testenv.SCRAMUser))
+	p := startProxy(t, db, func(s *Server) { s.Auth = &ClientAuth{Type: AuthTrust, File: file} })
+	runLogins(t, p, db, []loginCase{
+		{"database trusts", "postgres", "", ""},
+		{"plaintext secret", testenv.MD5User, "", ""},
+		// A SCRAM secret cannot log in without the client's proof.
+		{"SCRAM secret", testenv.SCRAMUser, "", "28000"},
+	})
+}

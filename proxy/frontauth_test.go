@@ -186,6 +186,41 @@ func TestAuthAtProxyWithAuthQuery(t *testing.T) {
 			{"user without password", "postgres", "", "28P01"},
 		})
 	})
+	t.Run("roles the database trusts", func(t *testing.T) {
+		// pg_hba.conf trusts these new roles: a wrong password fails only because the
+		// proxy checks it against the secret the auth query returns.
+		ctx := testContext(t)
+		admin := connect(t, testenv.WithUser(db, "postgres", ""))
+		suffix := fmt.Sprint(time.Now().UnixNano() % 1e9)
+		md5Role, scramRole := "leaf_q_md5_"+suffix, "leaf_q_scram_"+suffix
+		for _, s := range []string{
+			"SET password_encryption = 'md5'",
+			"CREATE ROLE " + md5Role + " LOGIN PASSWORD 'md5-pw'",
+			"SET password_encryption = 'scram-sha-256'",
+			"CREATE ROLE " + scramRole + " LOGIN PASSWORD 'scram-pw'",
+		} {
+			if _, err := admin.Exec(ctx, s); err != nil {
+				t.Fatalf("%s: %v", s, err)
+			}
+		}
+		t.Cleanup(func() {
+			ctx := testContext(t)
+			if c, err := pgx.Connect(ctx, testenv.WithUser(db, "postgres", "")); err == nil {
+				_, _ = c.Exec(ctx, "DROP ROLE "+md5Role)
+				_, _ = c.Exec(ctx, "DROP ROLE "+scramRole)
+				c.Close(ctx)
+			}
+		})
+		p := startProxy(t, db, func(s *Server) {
+			s.Auth = &ClientAuth{Type: AuthMD5, User: role, Query: testAuthQuery}
+		})
+		runLogins(t, p, db, []loginCase{
+			{"md5 role", md5Role, "md5-pw", ""},
+			{"md5 role, wrong password", md5Role, "wrong", "28P01"},
+			{"scram role", scramRole, "scram-pw", ""},
+			{"scram role, wrong password", scramRole, "wrong", "28P01"},
+		})
+	})
 	t.Run("auth user with SCRAM password", func(t *testing.T) {
 		p := startProxy(t, db, func(s *Server) {
 			s.Auth = &ClientAuth{Type: AuthSCRAM, User: testenv.SCRAMUser, Password: testenv.SCRAMPassword, Query: testAuthQuery}

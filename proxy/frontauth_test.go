@@ -480,3 +480,19 @@ func TestAuthAtProxyTrust(t *testing.T) {
 		{"SCRAM secret", testenv.SCRAMUser, "", "28000"},
 	})
 }
+
+// TestAuthAtProxyAuthFileReread: a changed auth file applies to the next login, without
+// a restart.
+func TestAuthAtProxyAuthFileReread(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	file := writeAuthFile(t, "postgres", "first password")
+	p := startProxy(t, db, func(s *Server) { s.Auth = &ClientAuth{Type: AuthSCRAM, File: file} })
+	runLogins(t, p, db, []loginCase{{"before", "postgres", "first password", ""}})
+	if err := os.WriteFile(file, []byte(`"postgres" "the second, longer password"`+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	runLogins(t, p, db, []loginCase{
+		{"old password", "postgres", "first password", "28P01"},
+		{"new password", "postgres", "the second, longer password", ""},
+	})
+}

@@ -156,7 +156,7 @@ func TestAuthAtProxy(t *testing.T) {
 				}{
 					{"plaintext", scram(right), false, ok},
 					{"plaintext, wrong password", scram(wrong), false, "refused 28P01"},
-					// node-postgres binds the channel over TLS when offered PLUS.
+					// TLS to the proxy (node-postgres binds only with enableChannelBinding).
 					{"TLS", noParam(t, scram(right), "sslmode"), true, ok},
 					{"TLS, wrong password", noParam(t, scram(wrong), "sslmode"), true, "refused 28P01"},
 				} {

@@ -151,19 +151,24 @@ func TestAuthAtProxy(t *testing.T) {
 				}
 				for _, c := range []struct {
 					name, url string
-					tls       bool
+					tls, bind bool
 					want      string
 				}{
-					{"plaintext", scram(right), false, ok},
-					{"plaintext, wrong password", scram(wrong), false, "refused 28P01"},
-					// TLS to the proxy (node-postgres binds only with enableChannelBinding).
-					{"TLS", noParam(t, scram(right), "sslmode"), true, ok},
-					{"TLS, wrong password", noParam(t, scram(wrong), "sslmode"), true, "refused 28P01"},
+					{"plaintext", scram(right), false, false, ok},
+					{"plaintext, wrong password", scram(wrong), false, false, "refused 28P01"},
+					{"TLS", noParam(t, scram(right), "sslmode"), true, false, ok},
+					{"TLS, wrong password", noParam(t, scram(wrong), "sslmode"), true, false, "refused 28P01"},
+					// node-postgres binds the channel only with enableChannelBinding.
+					{"TLS, channel binding", noParam(t, scram(right), "sslmode"), true, true, ok},
+					{"TLS, channel binding, wrong password", noParam(t, scram(wrong), "sslmode"), true, true, "refused 28P01"},
 				} {
 					t.Run(c.name, func(t *testing.T) {
 						env := []string{"DATABASE_URL=" + c.url}
 						if c.tls {
 							env = append(env, "SSL_CA="+certs.CAFile)
+						}
+						if c.bind {
+							env = append(env, "CHANNEL_BINDING=1")
 						}
 						if got := strings.TrimSpace(runTool(t, dir, env, node, "login.js")); got != c.want {
 							t.Fatalf("node-postgres: %s\nwant %s", got, c.want)

@@ -34,61 +34,102 @@ var authSettings = []setting{
 
 func init() { settings = append(settings, authSettings...) }
 
-// validateAuth checks the auth-* settings.
+// The checks of the auth settings, one per setting; each reports only about its own.
+var authChecks = map[string]func(c *Config, bad func(format string, args ...any)){
+	"auth-type":     checkAuthType,
+	"auth-file":     checkAuthFile,
+	"auth-user":     checkAuthUser,
+	"auth-query":    checkAuthQuery,
+	"auth-password": checkAuthPassword,
+}
+
+// validateAuth runs the checks of the auth settings in the order of their table.
 func (c *Config) validateAuth(bad func(name, format string, args ...any)) {
-	switch c.AuthType {
-	case AuthPassthrough, AuthSCRAM, AuthMD5, AuthTrust:
-	default:
-		bad("auth-type", "%q is not one of passthrough, scram-sha-256, md5, trust", c.AuthType)
-		return
-	}
-	if c.AuthPassword != "" && !strings.HasPrefix(c.Origins["auth-password"], "env ") {
-		bad("auth-password", "may only be given in the environment (%s), so that it stays out of files and process listings", EnvName("auth-password"))
-	}
-	if c.AuthType == AuthPassthrough {
-		for _, name := range []string{"auth-file", "auth-user", "auth-password"} {
-			if c.IsSet(name) && c.authValue(name) != "" {
-				bad(name, "only used when the proxy authenticates clients, but auth-type is passthrough")
-			}
-		}
-		return
-	}
-	var users map[string]pgauth.Secret
-	if c.AuthFile != "" {
-		data, err := os.ReadFile(c.AuthFile)
-		if err == nil {
-			users, err = pgauth.ParseAuthFile(string(data))
-		}
-		if err != nil {
-			bad("auth-file", "%v", err)
-		}
-	}
-	if c.AuthType != AuthTrust && c.AuthFile == "" && c.AuthUser == "" {
-		bad("auth-type", "%s needs the users' secrets: set auth-file, auth-user (with auth-query), or both", c.AuthType)
-	}
-	if c.AuthUser == "" {
-		if c.AuthPassword != "" {
-			bad("auth-password", "only used with auth-user")
-		}
-		return
-	}
-	if c.AuthType == AuthTrust {
-		bad("auth-user", "not used with auth-type trust, which looks up no secret")
-	}
-	if !strings.Contains(c.AuthQuery, "$1") {
-		bad("auth-query", "%q does not take the user name as $1", c.AuthQuery)
-	}
-	if s, ok := users[c.AuthUser]; ok && c.AuthPassword == "" && s.Kind == pgauth.SCRAM {
-		bad("auth-user", "auth-file holds a SCRAM secret for %s, which cannot log in: give its plaintext password there (or an md5 one, for an md5 upstream), or set %s", c.AuthUser, EnvName("auth-password"))
+	for _, s := range authSettings {
+		authChecks[s.name](c, func(format string, args ...any) { bad(s.name, format, args...) })
 	}
 }
 
-func (c *Config) authValue(name string) string {
-	switch name {
-	case "auth-file":
-		return c.AuthFile
-	case "auth-user":
-		return c.AuthUser
+// proxyAuthenticates reports whether auth-type has the proxy authenticate clients.
+func (c *Config) proxyAuthenticates() bool {
+	switch c.AuthType {
+	case AuthSCRAM, AuthMD5, AuthTrust:
+		return true
 	}
-	return c.AuthPassword
+	return false
+}
+
+func checkAuthType(c *Config, bad func(format string, args ...any)) {
+	switch c.AuthType {
+	case AuthPassthrough, AuthTrust:
+	case AuthSCRAM, AuthMD5:
+		if c.AuthFile == "" && c.AuthUser == "" {
+			bad("%s needs the users' secrets: set auth-file, auth-user (with auth-query), or both", c.AuthType)
+		}
+	default:
+		bad("%q is not one of passthrough, scram-sha-256, md5, trust", c.AuthType)
+	}
+}
+
+// notWithPassthrough reports a setting that is set although the proxy does not
+// authenticate clients.
+func notWithPassthrough(c *Config, value string, bad func(format string, args ...any)) bool {
+	if c.AuthType == AuthPassthrough && value != "" {
+		bad("only used when the proxy authenticates clients, but auth-type is passthrough")
+		return true
+	}
+	return false
+}
+
+func checkAuthFile(c *Config, bad func(format string, args ...any)) {
+	if c.AuthFile == "" || notWithPassthrough(c, c.AuthFile, bad) {
+		return
+	}
+	if _, err := readAuthFile(c.AuthFile); err != nil {
+		bad("%v", err)
+	}
+}
+
+func readAuthFile(path string) (map[string]pgauth.Secret, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return pgauth.ParseAuthFile(string(data))
+}
+
+func checkAuthUser(c *Config, bad func(format string, args ...any)) {
+	if c.AuthUser == "" || notWithPassthrough(c, c.AuthUser, bad) {
+		return
+	}
+	if c.AuthType == AuthTrust {
+		bad("not used with auth-type trust, which looks up no secret")
+		return
+	}
+	if c.AuthFile == "" || c.AuthPassword != "" {
+		return
+	}
+	users, err := readAuthFile(c.AuthFile)
+	if s, ok := users[c.AuthUser]; err == nil && ok && s.Kind == pgauth.SCRAM {
+		bad("auth-file holds a SCRAM secret for %s, which cannot log in: give its plaintext password there (or an md5 one, for an md5 upstream), or set %s", c.AuthUser, EnvName("auth-password"))
+	}
+}
+
+func checkAuthQuery(c *Config, bad func(format string, args ...any)) {
+	if c.AuthUser != "" && c.proxyAuthenticates() && !strings.Contains(c.AuthQuery, "$1") {
+		bad("%q does not take the user name as $1", c.AuthQuery)
+	}
+}
+
+func checkAuthPassword(c *Config, bad func(format string, args ...any)) {
+	if c.AuthPassword == "" {
+		return
+	}
+	if !strings.HasPrefix(c.Origins["auth-password"], "env ") {
+		bad("may only be given in the environment (%s), so that it stays out of files and process listings", EnvName("auth-password"))
+		return
+	}
+	if !notWithPassthrough(c, c.AuthPassword, bad) && c.AuthUser == "" {
+		bad("only used with auth-user")
+	}
 }

@@ -52,6 +52,8 @@ func TestAuthSettings(t *testing.T) {
 		{"SCRAM secret for auth-user", "", env(), []string{"--auth-type", "md5", "--auth-file", file, "--auth-user", "pgbouncer"}, "holds a SCRAM secret for pgbouncer, which cannot log in"},
 		{"SCRAM secret for auth-user with a password", "", env("LEAFPROXY_AUTH_PASSWORD", "pw"), []string{"--auth-type", "md5", "--auth-file", file, "--auth-user", "pgbouncer"}, ""},
 		{"auth-user with trust", "", env(), []string{"--auth-type", "trust", "--auth-user", "u"}, "not used with auth-type trust"},
+		{"password without auth-user", "", env("LEAFPROXY_AUTH_PASSWORD", "pw"), []string{"--auth-type", "md5", "--auth-file", file}, "auth-password (env LEAFPROXY_AUTH_PASSWORD): only used with auth-user"},
+		{"password with passthrough", "", env("LEAFPROXY_AUTH_PASSWORD", "pw"), nil, "auth-password (env LEAFPROXY_AUTH_PASSWORD): only used when the proxy authenticates"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := load(t, tt.file, tt.env, tt.args...)

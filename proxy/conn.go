@@ -15,6 +15,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/leafproxy/leafproxy/internal/sqlstate"
+	"github.com/leafproxy/leafproxy/proxy/pgauth"
 )
 
 // conn is one client connection and, once the client has sent its startup packet, the
@@ -59,6 +60,8 @@ type conn struct {
 	timeParams timeFormat
 
 	sess sessionState // statement map and request cycles; used only when rewriting
+
+	front *pgauth.Login // how the proxy logs in for a client it authenticated itself; nil: relayed
 
 	// loop is the event loop session while a loop serves the connection; client and
 	// upstream then hold placeholders, and everything happens on the loop's goroutine.
@@ -112,6 +115,9 @@ func (c *conn) serve() {
 		return
 	}
 	if !c.holdSession() {
+		return
+	}
+	if !c.authenticateClient(params) {
 		return
 	}
 	if err := c.connectUpstream(packet); err != nil {

@@ -450,6 +450,7 @@ func (a *app) newProxy() (*proxy.Server, error) {
 		IDs:             &idSource{router: a.router},
 		Upstream:        cfg.Upstream,
 		UpstreamSSLMode: cfg.UpstreamSSL,
+		Auth:            clientAuth(cfg),
 		MaxClientConns:  cfg.MaxClientConns,
 		MaxMessageSize:  cfg.MaxMessageSize,
 		MaxBatch:        cfg.MaxBatch,

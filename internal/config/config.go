@@ -56,6 +56,13 @@ type Config struct {
 	// UpstreamSSL is UpstreamSSLMode parsed; Validate sets it.
 	UpstreamSSL proxy.SSLMode `yaml:"-"`
 
+	// Authentication at the proxy (auth.go).
+	AuthType     string `yaml:"auth-type"`
+	AuthFile     string `yaml:"auth-file"`
+	AuthUser     string `yaml:"auth-user"`
+	AuthQuery    string `yaml:"auth-query"`
+	AuthPassword string `yaml:"auth-password"`
+
 	Store          string `yaml:"store"`
 	MigrateOnStart bool   `yaml:"migrate-on-start"`
 
@@ -111,6 +118,8 @@ func Defaults() Config {
 		MaxClientConns:  1000,
 		MaxMessageSize:  proxy.DefaultMaxMessageSize,
 		HTTP:            DefaultHTTP,
+		AuthType:        AuthPassthrough,
+		AuthQuery:       DefaultAuthQuery,
 		ZooKeeperName:   "leafproxy",
 		SnowflakeEpoch:  DefaultSnowflakeEpoch,
 		MaxBackwards:    snowflake.DefaultMaxBackwards,

@@ -369,7 +369,7 @@ func (ls *loopSession) whole(r *msgReader, in *endReader) (ready, tooLarge bool)
 	_, n, err := r.peekHeader()
 	if err != nil {
 		// Waiting for the header, or a header that next() rejects in the handler.
-		return !errors.Is(err, errWouldBlock), false
+		return !isWouldBlock(err), false
 	}
 	need := 5 + n
 	if need > loopMaxMessage {
@@ -379,12 +379,12 @@ func (ls *loopSession) whole(r *msgReader, in *endReader) (ready, tooLarge bool)
 		// Fill the buffer before growing it, so that memory follows the bytes that
 		// came and not the length a header announced.
 		if _, err := r.br.Peek(r.br.Size()); err != nil {
-			return !errors.Is(err, errWouldBlock), false
+			return !isWouldBlock(err), false
 		}
 		r.br = rebuffer(r.br, in, min(need, 2*r.br.Size()))
 	}
 	if _, err := r.br.Peek(need); err != nil {
-		return !errors.Is(err, errWouldBlock), false
+		return !isWouldBlock(err), false
 	}
 	return true, false
 }
@@ -414,7 +414,7 @@ func (ls *loopSession) stream() (streamed, failed bool) {
 	br := c.ur.br
 	if br.Buffered() == 0 {
 		if _, err := br.Peek(1); err != nil {
-			return false, !errors.Is(err, errWouldBlock)
+			return false, !isWouldBlock(err)
 		}
 	}
 	chunk := min(ls.streaming, br.Buffered())
@@ -539,7 +539,7 @@ func (ls *loopSession) finishStep() {
 		n, err := ls.client.src.Read(scratch[:])
 		ls.drained += n
 		if err != nil {
-			if errors.Is(err, errWouldBlock) {
+			if isWouldBlock(err) {
 				break
 			}
 			ls.teardown()

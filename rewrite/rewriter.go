@@ -209,29 +209,48 @@ const maxCachedSQL = 32 << 10
 
 // mayNeed is the prefilter: a statement without these words cannot call a
 // leaf function, insert into a filled table or touch prepared statements.
-// One pass over the text looks for all keywords at once.
+// One pass over the text looks for all keywords at once. It runs on every
+// statement the proxy sees, so it looks closer only at the bytes that can be
+// a keyword's anchor, a letter of it that is rare in SQL (the x of execute,
+// the f of leaf_), and then compares eight bytes at once.
 func (r *Rewriter) mayNeed(sql string) bool {
 	writes := false
 	for i := 0; i < len(sql); i++ {
-		switch sql[i] | 0x20 { // ASCII lower case for letters
-		case 'l':
-			if hasFoldAt(sql, i, "leaf_") {
+		a := keywordAnchor[sql[i]]
+		if a == 0 {
+			continue
+		}
+		start := i - int(anchorOffset[a])
+		if start < 0 {
+			continue
+		}
+		var w uint64
+		if len(sql)-start >= 8 {
+			b := sql[start : start+8]
+			w = uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
+				uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
+		} else {
+			w = loadTail(sql, start)
+		}
+		switch a {
+		case 'f':
+			if kwLeaf.at(w) {
 				return true
 			}
-		case 'e':
-			if hasFoldAt(sql, i, "execute") {
+		case 'x':
+			if kwExecute.at(w) {
 				return true
 			}
 		case 'd':
-			if hasFoldAt(sql, i, "deallocate") || hasFoldAt(sql, i, "discard") {
+			if kwDiscard.at(w) || kwDeallocate.at(w) && hasFoldAt(sql, start+8, "te") {
 				return true
 			}
 		case 'i':
-			writes = writes || hasFoldAt(sql, i, "insert")
-		case 'm':
-			writes = writes || hasFoldAt(sql, i, "merge")
-		case 'c':
-			writes = writes || hasFoldAt(sql, i, "copy")
+			writes = writes || kwInsert.at(w)
+		case 'g':
+			writes = writes || kwMerge.at(w)
+		case 'y':
+			writes = writes || kwCopy.at(w)
 		}
 	}
 	if !writes {
@@ -243,6 +262,71 @@ func (r *Rewriter) mayNeed(sql string) bool {
 		}
 	}
 	return false
+}
+
+// keywordAnchor maps a byte to the lower-case anchor letter it is (either
+// case) of the prefilter's keywords, 0 for every other byte; anchorOffset is
+// where the anchor stands in its keywords.
+var keywordAnchor, anchorOffset = func() (t, off [256]byte) {
+	for _, k := range []struct {
+		anchor byte
+		offset byte
+	}{
+		{'f', 3}, // leaf_
+		{'x', 1}, // execute
+		{'d', 0}, // deallocate, discard
+		{'i', 0}, // insert
+		{'g', 3}, // merge
+		{'y', 3}, // copy
+	} {
+		t[k.anchor], t[k.anchor-'a'+'A'] = k.anchor, k.anchor
+		off[k.anchor] = k.offset
+	}
+	return t, off
+}()
+
+// foldWord is a keyword's first eight bytes (or fewer) as one little-endian
+// word, for comparing it with eight bytes of text at once, ignoring ASCII case.
+type foldWord struct {
+	fold uint64 // 0x20 in the bytes that are letters: c|0x20 is c's lower case, and only A–Z and a–z map to a–z
+	mask uint64 // 0xff in the bytes the keyword has
+	want uint64 // the keyword in lower case
+}
+
+func newFoldWord(lower string) foldWord {
+	var f foldWord
+	for i := 0; i < len(lower) && i < 8; i++ {
+		c := uint64(lower[i])
+		if 'a' <= c && c <= 'z' {
+			f.fold |= 0x20 << (8 * i)
+		}
+		f.mask |= 0xff << (8 * i)
+		f.want |= c << (8 * i)
+	}
+	return f
+}
+
+// at reports whether w, eight bytes of text, starts with the keyword.
+func (f foldWord) at(w uint64) bool { return (w|f.fold)&f.mask == f.want }
+
+var (
+	kwLeaf       = newFoldWord("leaf_")
+	kwExecute    = newFoldWord("execute")
+	kwDiscard    = newFoldWord("discard")
+	kwDeallocate = newFoldWord("deallocate") // its first eight bytes; "te" is checked apart
+	kwInsert     = newFoldWord("insert")
+	kwMerge      = newFoldWord("merge")
+	kwCopy       = newFoldWord("copy")
+)
+
+// loadTail returns the last bytes of s from i, fewer than eight, as a
+// little-endian word padded with zero bytes (which no keyword has).
+func loadTail(s string, i int) uint64 {
+	var w uint64
+	for j := 0; i+j < len(s); j++ {
+		w |= uint64(s[i+j]) << (8 * j)
+	}
+	return w
 }
 
 // hasFoldAt reports whether s[i:] starts with lower, ignoring ASCII case.

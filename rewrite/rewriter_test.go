@@ -72,6 +72,71 @@ func TestPrefilter(t *testing.T) {
 	}
 }
 
+// TestPrefilterMatchesSubstrings checks the word-at-a-time prefilter against its
+// definition, written with plain substring searches: a text may need the rewriter when,
+// ignoring ASCII case, it contains leaf_, execute, deallocate or discard, or contains
+// insert, merge or copy and the name of a filled table. The texts are random strings of
+// keyword pieces, case flips and other bytes, so that keywords are cut at every position
+// and end at every distance from the end of the text (the last eight bytes are read
+// apart).
+func TestPrefilterMatchesSubstrings(t *testing.T) {
+	rw, err := New(goldenSettings)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lower := func(s string) string {
+		b := []byte(s)
+		for i, c := range b {
+			if 'A' <= c && c <= 'Z' {
+				b[i] = c + 'a' - 'A'
+			}
+		}
+		return string(b)
+	}
+	want := func(sql string) bool {
+		l := lower(sql)
+		for _, k := range []string{"leaf_", "execute", "deallocate", "discard"} {
+			if strings.Contains(l, k) {
+				return true
+			}
+		}
+		writes := false
+		for _, k := range []string{"insert", "merge", "copy"} {
+			writes = writes || strings.Contains(l, k)
+		}
+		if !writes {
+			return false
+		}
+		for _, n := range rw.needles {
+			if strings.Contains(l, n) {
+				return true
+			}
+		}
+		return false
+	}
+	pieces := []string{"leaf_", "lEaF", "leaf", "_", "execut", "e", "EXECUTE", "dealloca", "te",
+		"DEALLOCATE", "discar", "d", "insert", "INSERT", "inser", "merge", "MERG", "copy", "cop",
+		"orders", "ORDER", "events", "accounts", "invoices", " ", "l", "x", "\x7f", "\x00", "é",
+		"SELECT 1", "\xdf", "L", "E", "D", "I", "M", "C"}
+	seed := uint64(1)
+	next := func(n int) int { // xorshift: reproducible without math/rand's global state
+		seed ^= seed << 13
+		seed ^= seed >> 7
+		seed ^= seed << 17
+		return int(seed % uint64(n))
+	}
+	for range 200000 {
+		var b strings.Builder
+		for range next(8) {
+			b.WriteString(pieces[next(len(pieces))])
+		}
+		sql := b.String()
+		if got := rw.mayNeed(sql); got != want(sql) {
+			t.Fatalf("mayNeed(%q) = %v, want %v", sql, got, !got)
+		}
+	}
+}
+
 func TestContainsFold(t *testing.T) {
 	for _, c := range []struct {
 		s, needle string

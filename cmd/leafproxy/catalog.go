@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"path/filepath"
 	"reflect"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -51,7 +53,7 @@ func newCatalog(store, upstream string, rules []config.FillRule) (*catalog, erro
 	if err != nil {
 		return nil, fmt.Errorf("store: %w", err)
 	}
-	host, port, err := net.SplitHostPort(upstream)
+	host, port, err := splitUpstream(upstream)
 	if err != nil {
 		return nil, fmt.Errorf("upstream: %w", err)
 	}
@@ -66,6 +68,21 @@ func newCatalog(store, upstream string, rules []config.FillRule) (*catalog, erro
 	empty := map[tableName]rewrite.Table{}
 	c.snap.Store(&empty)
 	return c, nil
+}
+
+// splitUpstream returns the host and port pgx dials for the proxy's upstream address: a
+// host:port, or the path of a Unix socket, /dir/.s.PGSQL.port, which pgx reaches as host
+// dir (a directory, as in libpq) and that port.
+func splitUpstream(upstream string) (host, port string, err error) {
+	if !strings.HasPrefix(upstream, "/") {
+		return net.SplitHostPort(upstream)
+	}
+	dir, file := filepath.Split(upstream)
+	port, ok := strings.CutPrefix(file, ".s.PGSQL.")
+	if !ok || dir == "" {
+		return "", "", fmt.Errorf("socket %q is not named .s.PGSQL.<port>", upstream)
+	}
+	return filepath.Clean(dir), port, nil
 }
 
 // setRules makes the next load read the tables of rules.

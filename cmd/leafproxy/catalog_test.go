@@ -339,3 +339,59 @@ func TestCatalogRefresh(t *testing.T) {
 		t.Errorf("slot %v after the key became integer, want the integer maximum", p.Slots[0])
 	}
 }
+
+// TestCatalogLoadUnixSocket reads the columns through the server's Unix socket when the
+// proxy's upstream is one, as `serve --upstream /dir/.s.PGSQL.5432 --fill …` does; a
+// socket path used to stop the proxy at start-up ("missing port in address").
+func TestCatalogLoadUnixSocket(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.NewDatabase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	direct, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close(ctx)
+	var dirs, port string
+	if err := direct.QueryRow(ctx, "SELECT current_setting('unix_socket_directories'), current_setting('port')").Scan(&dirs, &port); err != nil {
+		t.Fatal(err)
+	}
+	dir := strings.TrimSpace(strings.Split(dirs, ",")[0])
+	if dir == "" {
+		t.Fatal("the test server listens on no Unix socket")
+	}
+	if _, err := direct.Exec(ctx, "CREATE TABLE orders (id bigint, item text)"); err != nil {
+		t.Fatal(err)
+	}
+	rules := []config.FillRule{{Table: "orders", Column: "id", Tag: "order"}}
+	cat, err := newCatalog(dsn, dir+"/.s.PGSQL."+port, rules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := cat.load(ctx); err != nil || !changed {
+		t.Fatalf("load through the Unix socket: changed %v, %v", changed, err)
+	}
+	if tb, ok := cat.Table("public", "orders"); !ok || !reflect.DeepEqual(tb.Columns, []string{"id", "item"}) {
+		t.Errorf("public.orders through the Unix socket: %v, %v", tb.Columns, ok)
+	}
+}
+
+func TestSplitUpstream(t *testing.T) {
+	for _, c := range []struct {
+		upstream, host, port string
+		ok                   bool
+	}{
+		{"127.0.0.1:5432", "127.0.0.1", "5432", true},
+		{"[::1]:6432", "::1", "6432", true},
+		{"/var/run/postgresql/.s.PGSQL.5433", "/var/run/postgresql", "5433", true},
+		{"/tmp/.s.PGSQL.5432", "/tmp", "5432", true},
+		{"/var/run/postgresql/socket", "", "", false},
+		{"db.example", "", "", false},
+	} {
+		host, port, err := splitUpstream(c.upstream)
+		if (err == nil) != c.ok || host != c.host || port != c.port {
+			t.Errorf("splitUpstream(%q) = %q, %q, %v; want %q, %q, ok %v", c.upstream, host, port, err, c.host, c.port, c.ok)
+		}
+	}
+}

@@ -3,6 +3,7 @@ package metrics
 import (
 	"context"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -96,12 +97,36 @@ type counting struct {
 	m      *Metrics
 	engine string
 	g      idgen.Generator
+	// recent holds the counters of the tags counted lately, each in the slot its
+	// digest picks: an ID of a tag found there costs a pointer load, a string
+	// comparison and the counter's add. Only a tag missing from its slot is looked up
+	// in byTag, which hashes it, and then takes the slot.
+	recent [recentSlots]atomic.Pointer[tagCounter]
 	// byTag is a copy-on-write map: a plain map read through an atomic pointer costs a
 	// string hash, where sync.Map also hashes and compares interfaces. Tags are few (rows
 	// of leaf_alloc, configured snowflake tags; failures are not counted here), so copying
 	// on the rare new tag is cheap.
-	byTag atomic.Pointer[map[string]*atomic.Uint64]
+	byTag atomic.Pointer[map[string]*tagCounter]
 	mu    sync.Mutex // serializes the copies
+}
+
+// tagCounter is the counter of one tag's issued IDs, with the tag (a copy of its own).
+type tagCounter struct {
+	tag string
+	n   *atomic.Uint64
+}
+
+// recentSlots is the size of counting.recent, a power of two.
+const recentSlots = 16
+
+// recentSlot is the slot of tag in counting.recent: a digest of its length and its first
+// and last bytes, which tells apart the few tags a proxy serves without reading them
+// whole.
+func recentSlot(tag string) int {
+	if tag == "" {
+		return 0
+	}
+	return (len(tag) + 7*int(tag[0]) + 13*int(tag[len(tag)-1])) & (recentSlots - 1)
 }
 
 func (c *counting) Next(ctx context.Context, tag string) (int64, error) {
@@ -143,32 +168,44 @@ func (c *counting) count(tag string) { c.countN(tag, 1) }
 
 // countN counts k IDs of tag.
 func (c *counting) countN(tag string, k uint64) {
-	if m := c.byTag.Load(); m != nil {
-		if n := (*m)[tag]; n != nil {
-			n.Add(k)
-			return
-		}
+	slot := &c.recent[recentSlot(tag)]
+	if tc := slot.Load(); tc != nil && tc.tag == tag {
+		tc.n.Add(k)
+		return
 	}
-	c.counterSlow(tag).Add(k)
+	tc := c.counterOf(tag)
+	slot.Store(tc)
+	tc.n.Add(k)
 }
 
-func (c *counting) counterSlow(tag string) *atomic.Uint64 {
+// counterOf returns the counter of tag, creating it on the tag's first ID.
+func (c *counting) counterOf(tag string) *tagCounter {
+	if m := c.byTag.Load(); m != nil {
+		if tc := (*m)[tag]; tc != nil {
+			return tc
+		}
+	}
+	return c.counterSlow(tag)
+}
+
+func (c *counting) counterSlow(tag string) *tagCounter {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	old := c.byTag.Load()
 	if old != nil && (*old)[tag] != nil {
 		return (*old)[tag]
 	}
-	next := make(map[string]*atomic.Uint64, 1)
+	next := make(map[string]*tagCounter, 1)
 	if old != nil {
 		for k, v := range *old {
 			next[k] = v
 		}
 	}
-	n := c.m.issued.counter(c.engine, tag)
-	next[tag] = n
+	tag = strings.Clone(tag) // the caller's may be a view of a buffer it reuses
+	tc := &tagCounter{tag: tag, n: c.m.issued.counter(c.engine, tag)}
+	next[tag] = tc
 	c.byTag.Store(&next)
-	return n
+	return tc
 }
 
 // RateMeter turns the issued totals into IDs per second over a sliding window. Call

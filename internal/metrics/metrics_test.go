@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -270,5 +271,51 @@ func BenchmarkRewrite(b *testing.B) {
 	b.ReportAllocs()
 	for range b.N {
 		m.Rewrite("query")
+	}
+}
+
+// TestCountingTagsSharingASlot: tags whose digests pick the same slot of the recent
+// counters, counted in turn, each keep their own count; and a tag passed as a view of a
+// buffer the caller then reuses for another tag is counted under the tag it was.
+func TestCountingTagsSharingASlot(t *testing.T) {
+	m := New("v", nil)
+	g := m.Counting("segment", fakeGen{})
+	ctx := context.Background()
+	if recentSlot("a") != recentSlot("e") {
+		t.Fatalf("test premise: slots of a and e differ (%d, %d)", recentSlot("a"), recentSlot("e"))
+	}
+	for range 3 {
+		for _, tag := range []string{"a", "e", "e"} {
+			if _, err := g.Next(ctx, tag); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	buf := []byte("orders")
+	view := unsafe.String(&buf[0], len(buf))
+	if _, err := g.Next(ctx, view); err != nil {
+		t.Fatal(err)
+	}
+	copy(buf, "events")
+	if _, err := g.Next(ctx, view); err != nil {
+		t.Fatal(err)
+	}
+	totals := m.IssuedTotals()
+	for tag, want := range map[string]uint64{"a": 3, "e": 6, "orders": 1, "events": 1} {
+		if got := totals[Key{"segment", tag}]; got != want {
+			t.Errorf("tag %s counted %d, want %d (totals %v)", tag, got, want, totals)
+		}
+	}
+}
+
+// BenchmarkCountingNextTwoTags alternates two tags, as a proxy serving two does.
+func BenchmarkCountingNextTwoTags(b *testing.B) {
+	m := New("v", nil)
+	g := m.Counting("segment", fakeGen{})
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		_, _ = g.Next(ctx, "order")
+		_, _ = g.Next(ctx, "pay")
 	}
 }

@@ -21,7 +21,7 @@ type Leafproxy struct {
 	HTTPAddr string // host:port of the admin server
 	dir      string
 	cmd      *exec.Cmd
-	done     chan error
+	exit     *exitWatch // set once the process has started
 }
 
 // BuildLeafproxy builds the leafproxy command of this module into dir and returns the
@@ -55,7 +55,6 @@ func StartLeafproxy(ctx context.Context, bin string, args ...string) (*Leafproxy
 		Addr:     net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
 		HTTPAddr: net.JoinHostPort("127.0.0.1", strconv.Itoa(httpPort)),
 		dir:      dir,
-		done:     make(chan error, 1),
 	}
 	log, err := os.Create(filepath.Join(dir, "leafproxy.log"))
 	if err != nil {
@@ -70,7 +69,7 @@ func StartLeafproxy(ctx context.Context, bin string, args ...string) (*Leafproxy
 		p.Close()
 		return nil, err
 	}
-	go func() { p.done <- p.cmd.Wait() }()
+	p.exit = watchExit(p.cmd)
 	if err := p.waitReady(ctx); err != nil {
 		out, _ := os.ReadFile(log.Name())
 		p.Close()
@@ -93,8 +92,8 @@ func (p *Leafproxy) waitReady(ctx context.Context) error {
 			}
 		}
 		select {
-		case err := <-p.done:
-			return errors.Join(errors.New("process exited"), err)
+		case <-p.exit.done:
+			return errors.Join(errors.New("process exited"), p.exit.err)
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(50 * time.Millisecond):
@@ -113,14 +112,36 @@ func (p *Leafproxy) URL(serverURL string) string { return withHost(serverURL, p.
 
 // Close stops the proxy (SIGTERM, a graceful shutdown) and removes its directory.
 func (p *Leafproxy) Close() error {
-	if p.cmd != nil && p.cmd.Process != nil {
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(30 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
+	if p.exit != nil {
+		p.exit.stop(syscall.SIGTERM, 30*time.Second)
 	}
 	return os.RemoveAll(p.dir)
+}
+
+// exitWatch waits for a started process. Its done channel is closed once the process has
+// ended, so any number of waiters (a start-up check, then Close) see it.
+type exitWatch struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error // the process's exit status, set before done is closed
+}
+
+func watchExit(cmd *exec.Cmd) *exitWatch {
+	w := &exitWatch{cmd: cmd, done: make(chan struct{})}
+	go func() {
+		w.err = cmd.Wait()
+		close(w.done)
+	}()
+	return w
+}
+
+// stop sends sig and waits for the process to end, killing it after grace.
+func (w *exitWatch) stop(sig os.Signal, grace time.Duration) {
+	_ = w.cmd.Process.Signal(sig)
+	select {
+	case <-w.done:
+	case <-time.After(grace):
+		_ = w.cmd.Process.Kill()
+		<-w.done
+	}
 }

@@ -80,10 +80,24 @@ type Result struct {
 	Failed                int
 	Transactions          int64         // transactions pgbench completed
 	HopCPU                time.Duration // CPU time the endpoint's CPU meter grew by; 0 without one
+	// RoundsPerTx, set on a row's median when the hop has a CPU meter, holds every
+	// round's CPU per transaction in ascending order. The CPU figure of the row is their
+	// own median, not the CPU of the round with the median TPS: CPU per transaction is
+	// the figure the hops are compared by, and a round disturbed by other work on the
+	// machine moves TPS and CPU differently.
+	RoundsPerTx []time.Duration
 }
 
-// CPUPerTx is the hop's CPU time per transaction, 0 when unknown.
+// CPUPerTx is the hop's CPU time per transaction (over the rounds, their median), 0
+// when unknown.
 func (r Result) CPUPerTx() time.Duration {
+	if n := len(r.RoundsPerTx); n > 0 {
+		return r.RoundsPerTx[n/2]
+	}
+	return r.perTx()
+}
+
+func (r Result) perTx() time.Duration {
 	if r.Transactions <= 0 {
 		return 0
 	}
@@ -153,8 +167,13 @@ func runGroup(ctx context.Context, cfg Config, bin, dir string, g Group, modes [
 	for _, mode := range modes {
 		for _, clients := range clientCounts {
 			runs := make([][]Result, len(g.Endpoints))
-			for range rounds {
-				for i, e := range g.Endpoints {
+			for round := range rounds {
+				// Each round starts one endpoint further on, so that none always runs
+				// right after the same neighbour (and its leftovers: a server still
+				// checkpointing, a hop still freeing memory).
+				for k := range g.Endpoints {
+					i := (k + round) % len(g.Endpoints)
+					e := g.Endpoints[i]
 					r, err := runOne(ctx, bin, dir, cfg.Duration, e, mode, clients)
 					if err != nil {
 						return results, fmt.Errorf("%s/%s/%s/%d clients: %w", g.Name, e.Name, mode, clients, err)
@@ -175,15 +194,22 @@ func runGroup(ctx context.Context, cfg Config, bin, dir string, g Group, modes [
 	return results, nil
 }
 
-// median returns the run with the median TPS, its failures summed over all runs.
+// median returns the run with the median TPS, its failures summed over all runs and,
+// when the runs measured the hop's CPU, every run's CPU per transaction (see
+// Result.RoundsPerTx).
 func median(rs []Result) Result {
 	sorted := slices.Clone(rs)
 	slices.SortFunc(sorted, func(a, b Result) int { return cmp.Compare(a.TPS, b.TPS) })
 	m := sorted[len(sorted)/2]
 	m.Failed = 0
+	m.RoundsPerTx = nil
 	for _, r := range rs {
 		m.Failed += r.Failed
+		if r.HopCPU > 0 {
+			m.RoundsPerTx = append(m.RoundsPerTx, r.perTx())
+		}
 	}
+	slices.Sort(m.RoundsPerTx)
 	return m
 }
 
@@ -299,7 +325,7 @@ func Table(groups []Group, results []Result) string {
 			baseUnits := g.Endpoints[0].units()
 			fmt.Fprintf(&b, "| | %s | %d | %.0f%s |", k.mode, k.clients, baseTPS, failedNote(row[base]))
 			if baseCPU {
-				fmt.Fprintf(&b, " %.1f |", float64(row[base].CPUPerTx())/float64(time.Microsecond))
+				fmt.Fprintf(&b, " %s |", cpuCell(row[base]))
 			}
 			for _, e := range g.Endpoints[1:] {
 				r, ok := row[e.Name]
@@ -316,13 +342,24 @@ func Table(groups []Group, results []Result) string {
 				}
 				fmt.Fprintf(&b, " %.0f%s | %.2f× |", r.TPS, failedNote(r), ratio)
 				if e.CPU != nil {
-					fmt.Fprintf(&b, " %.1f |", float64(r.CPUPerTx())/float64(time.Microsecond))
+					fmt.Fprintf(&b, " %s |", cpuCell(r))
 				}
 			}
 			b.WriteString("\n")
 		}
 	}
 	return b.String()
+}
+
+// cpuCell is the CPU per transaction of a row in µs, with the range over the rounds
+// when there were several: "13.6 (12.4–14.2)".
+func cpuCell(r Result) string {
+	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+	cell := fmt.Sprintf("%.1f", us(r.CPUPerTx()))
+	if n := len(r.RoundsPerTx); n > 1 {
+		cell += fmt.Sprintf(" (%.1f–%.1f)", us(r.RoundsPerTx[0]), us(r.RoundsPerTx[n-1]))
+	}
+	return cell
 }
 
 func cpuNote(r Result) string {

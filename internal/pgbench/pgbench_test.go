@@ -164,3 +164,94 @@ func TestTableBaselineCPU(t *testing.T) {
 		}
 	}
 }
+
+// TestStartLeafproxyExited: a binary that exits at once is reported as not started, and
+// promptly: the start-up check and the clean-up both wait for the same exit.
+func TestStartLeafproxyExited(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "leafproxy")
+	if err := os.WriteFile(bin, []byte("#!/bin/sh\necho cannot start >&2\nexit 3\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() {
+		p, err := StartLeafproxy(ctx, bin)
+		if err == nil {
+			p.Close()
+		}
+		errc <- err
+	}()
+	select {
+	case err := <-errc:
+		if err == nil || !strings.Contains(err.Error(), "process exited") || !strings.Contains(err.Error(), "cannot start") {
+			t.Fatalf("StartLeafproxy of a binary that exits: %v, want a start-up error quoting its log", err)
+		}
+	case <-time.After(50 * time.Second):
+		t.Fatal("StartLeafproxy of a binary that exits did not return within 50 s")
+	}
+}
+
+// TestMedianCPUOfRounds: a row's CPU per transaction is the median of its rounds' own
+// figures, not that of the round with the median TPS, and the table gives the range.
+func TestMedianCPUOfRounds(t *testing.T) {
+	rs := []Result{
+		{TPS: 100, Transactions: 1000, HopCPU: 30 * time.Millisecond}, // 30 µs/tx
+		{TPS: 300, Transactions: 1000, HopCPU: 10 * time.Millisecond}, // 10 µs/tx
+		{TPS: 200, Transactions: 1000, HopCPU: 12 * time.Millisecond}, // 12 µs/tx, median TPS
+		{TPS: 150, Transactions: 1000, HopCPU: 20 * time.Millisecond}, // 20 µs/tx
+		{TPS: 250, Transactions: 1000, HopCPU: 11 * time.Millisecond}, // 11 µs/tx
+	}
+	m := median(rs)
+	if m.TPS != 200 {
+		t.Fatalf("median TPS %v, want 200", m.TPS)
+	}
+	if got := m.CPUPerTx(); got != 12*time.Microsecond {
+		t.Errorf("median CPU per tx %v, want 12µs", got)
+	}
+	rs[2].HopCPU = 25 * time.Millisecond // the median-TPS round is now a slow one
+	if got := median(rs).CPUPerTx(); got != 20*time.Microsecond {
+		t.Errorf("median CPU per tx %v, want 20µs (the rounds' median, not the median-TPS round's 25µs)", got)
+	}
+	meter := func() (time.Duration, error) { return 0, nil }
+	groups := []Group{{Name: "g", Endpoints: []Endpoint{{Name: "direct"}, {Name: "proxy", CPU: meter}}}}
+	row := median(rs)
+	row.Group, row.Endpoint, row.Mode, row.Clients = "g", "proxy", "simple", 8
+	table := Table(groups, []Result{{Group: "g", Endpoint: "direct", Mode: "simple", Clients: 8, TPS: 400}, row})
+	if want := "| | simple | 8 | 400 | 200 | 0.50× | 20.0 (10.0–30.0) |"; !strings.Contains(table, want) {
+		t.Errorf("table lacks %q:\n%s", want, table)
+	}
+}
+
+// TestRoundsRotateEndpoints: each round starts with the next endpoint, so that no
+// endpoint always follows the same one.
+func TestRoundsRotateEndpoints(t *testing.T) {
+	dir := t.TempDir()
+	log := filepath.Join(dir, "order")
+	bin := filepath.Join(dir, "pgbench")
+	script := `#!/bin/sh
+for last; do :; done
+echo "$last" >> ` + log + `
+echo "number of transactions actually processed: 1000"
+echo "tps = 200.0 (without initial connection time)"
+`
+	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Pgbench: bin, Duration: time.Second, Clients: []int{1}, Modes: []string{"simple"}, Rounds: 3}
+	groups := []Group{{Name: "g", Endpoints: []Endpoint{{Name: "a", URL: "a"}, {Name: "b", URL: "b"}, {Name: "c", URL: "c"}}}}
+	results, err := Run(context.Background(), cfg, groups)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Fields(string(b)), []string{"a", "b", "c", "b", "c", "a", "c", "a", "b"}; strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("runs in order %v, want %v", got, want)
+	}
+	if len(results) != 3 || results[0].Endpoint != "a" || results[1].Endpoint != "b" || results[2].Endpoint != "c" {
+		t.Errorf("results not in endpoint order: %+v", results)
+	}
+}

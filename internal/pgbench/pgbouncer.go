@@ -23,7 +23,7 @@ type PgBouncer struct {
 	Addr string // host:port it listens on
 	dir  string
 	cmd  *exec.Cmd
-	done chan error
+	exit *exitWatch // set once the process has started
 }
 
 // TLSFiles are a certificate and its key in PEM files.
@@ -59,7 +59,7 @@ func StartPgBouncer(ctx context.Context, serverURL, socketDir string, tlsFiles *
 	if err != nil {
 		return nil, err
 	}
-	b := &PgBouncer{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(listenPort)), dir: dir, done: make(chan error, 1)}
+	b := &PgBouncer{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(listenPort)), dir: dir}
 	ini := fmt.Sprintf(`[databases]
 * = host=%s port=%s
 
@@ -125,8 +125,8 @@ server_tls_sslmode = require
 		b.Close()
 		return nil, err
 	}
-	go func() { b.done <- b.cmd.Wait() }()
-	if err := waitListening(ctx, b.Addr, b.done); err != nil {
+	b.exit = watchExit(b.cmd)
+	if err := waitListening(ctx, b.Addr, b.exit); err != nil {
 		log, _ := os.ReadFile(filepath.Join(dir, "pgbouncer.log"))
 		b.Close()
 		return nil, fmt.Errorf("pgbouncer did not start: %w\n%s", err, log)
@@ -142,14 +142,8 @@ func (b *PgBouncer) URL(serverURL string) string { return withHost(serverURL, b.
 
 // Close stops PgBouncer and removes its directory.
 func (b *PgBouncer) Close() error {
-	if b.cmd != nil && b.cmd.Process != nil {
-		_ = b.cmd.Process.Signal(syscall.SIGINT)
-		select {
-		case <-b.done:
-		case <-time.After(5 * time.Second):
-			_ = b.cmd.Process.Kill()
-			<-b.done
-		}
+	if b.exit != nil {
+		b.exit.stop(syscall.SIGINT, 5*time.Second)
 	}
 	return os.RemoveAll(b.dir)
 }
@@ -174,7 +168,7 @@ func freePort() (int, error) {
 }
 
 // waitListening waits until addr accepts TCP connections or the process exits.
-func waitListening(ctx context.Context, addr string, exited <-chan error) error {
+func waitListening(ctx context.Context, addr string, exit *exitWatch) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	for {
@@ -183,8 +177,8 @@ func waitListening(ctx context.Context, addr string, exited <-chan error) error 
 			return c.Close()
 		}
 		select {
-		case err := <-exited:
-			return errors.Join(errors.New("process exited"), err)
+		case <-exit.done:
+			return errors.Join(errors.New("process exited"), exit.err)
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(50 * time.Millisecond):

@@ -3,11 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
-	"path/filepath"
 	"reflect"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -57,32 +53,13 @@ func newCatalog(store, upstream string, rules []config.FillRule) (*catalog, erro
 	if err != nil {
 		return nil, fmt.Errorf("upstream: %w", err)
 	}
-	p, err := strconv.ParseUint(port, 10, 16)
-	if err != nil {
-		return nil, fmt.Errorf("upstream port %q: %w", port, err)
-	}
-	cc.Host, cc.Port, cc.Fallbacks = host, uint16(p), nil
+	cc.Host, cc.Port, cc.Fallbacks = host, port, nil
 	cc.ConnectTimeout = 10 * time.Second
 	cc.RuntimeParams["application_name"] = "leafproxy catalog"
 	c := &catalog{conn: cc, rules: rules}
 	empty := map[tableName]rewrite.Table{}
 	c.snap.Store(&empty)
 	return c, nil
-}
-
-// splitUpstream returns the host and port pgx dials for the proxy's upstream address: a
-// host:port, or the path of a Unix socket, /dir/.s.PGSQL.port, which pgx reaches as host
-// dir (a directory, as in libpq) and that port.
-func splitUpstream(upstream string) (host, port string, err error) {
-	if !strings.HasPrefix(upstream, "/") {
-		return net.SplitHostPort(upstream)
-	}
-	dir, file := filepath.Split(upstream)
-	port, ok := strings.CutPrefix(file, ".s.PGSQL.")
-	if !ok || dir == "" {
-		return "", "", fmt.Errorf("socket %q is not named .s.PGSQL.<port>", upstream)
-	}
-	return filepath.Clean(dir), port, nil
 }
 
 // setRules makes the next load read the tables of rules.

@@ -19,6 +19,9 @@ var errStartupRefused = errors.New("upstream refused the startup")
 // authenticate relays the authentication exchange and the rest of the startup between the
 // upstream and the client until the upstream's first ReadyForQuery. The upstream decides:
 // the proxy only passes messages along, answers nothing itself, and records the cancel key.
+// When the proxy has authenticated the client itself (c.front is set), it answers the
+// upstream's authentication requests instead, and relays only AuthenticationOk and what
+// follows it.
 func (c *conn) authenticate() error {
 	for {
 		typ, n, err := c.server.r.next()
@@ -33,6 +36,13 @@ func (c *conn) authenticate() error {
 			}
 			if len(body) < 4 {
 				return fmt.Errorf("authentication message of %d bytes", len(body))
+			}
+			if c.front != nil {
+				// The proxy has authenticated the client and logs in itself.
+				if err := c.loginStep(body); err != nil {
+					return err
+				}
+				continue
 			}
 			code := binary.BigEndian.Uint32(body)
 			if code == pgproto3.AuthTypeSASL && !c.channelBindingPasses() {

@@ -62,21 +62,22 @@ func (s *Server) forwardCancel(ctx context.Context, packet []byte) {
 		s.logger().Debug("cancel request with an unknown key ignored")
 		return
 	}
+	addr := c.upstreamAddr
 	if v := c.pooled(); v != nil {
-		packet = v.cancelPacket() // the server connection the session holds now, if any
+		packet, addr = v.cancelTarget() // the server connection the session holds now, if any
 	}
 	if packet != nil && (c.pending.Load() != 0 || !c.waitingForID()) {
-		s.cancelUpstream(ctx, packet)
+		s.cancelUpstream(ctx, addr, packet)
 	}
 	if c.cancelIDWait() {
 		c.log.Debug("cancel request ended the wait for an ID")
 	}
 }
 
-// cancelUpstream sends a CancelRequest packet to the upstream server and waits until the
-// server has dealt with it.
-func (s *Server) cancelUpstream(ctx context.Context, packet []byte) {
-	uc, err := s.dialUpstream(ctx)
+// cancelUpstream sends a CancelRequest packet to the upstream server at addr (the
+// session's) and waits until the server has dealt with it.
+func (s *Server) cancelUpstream(ctx context.Context, addr string, packet []byte) {
+	uc, err := s.dialUpstream(ctx, addr)
 	if err != nil {
 		s.logger().WithError(err).Warn("cannot forward cancel request")
 		return

@@ -15,6 +15,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/leafproxy/leafproxy/internal/sqlstate"
+	"github.com/leafproxy/leafproxy/proxy/pgauth"
 )
 
 // conn is a session: one client connection, from its startup packet to its end, and
@@ -49,9 +50,13 @@ type conn struct {
 
 	sess sessionState // statement map and request cycles; used only when rewriting
 
+	front *pgauth.Login // how the proxy logs in for a client it authenticated itself; nil: relayed
+
 	// loop is the event loop session while a loop serves the connection; client and
 	// server.nc then hold placeholders, and everything happens on the loop's goroutine.
 	loop atomic.Pointer[loopSession]
+
+	upstreamAddr string // where the session's upstream is (see route); set before the dial
 }
 
 func newConnState(s *Server, nc net.Conn) *conn {
@@ -81,6 +86,10 @@ func (c *conn) serve() {
 	}
 	params := startupParams(packet)
 	c.log = c.log.WithFields(logrus.Fields{"user": params["user"], "database": params["database"]})
+	packet, routed := c.route(packet, params)
+	if !routed {
+		return
+	}
 	if s.inShutdown.Load() {
 		c.refuse(sqlstate.CannotConnectNow, "the database system is shutting down")
 		return
@@ -90,6 +99,9 @@ func (c *conn) serve() {
 		return
 	}
 	if !c.holdSession() {
+		return
+	}
+	if !c.authenticateClient(params) {
 		return
 	}
 	if s.transactionPooling() {
@@ -102,7 +114,7 @@ func (c *conn) serve() {
 		// client's side too.
 		c.log.WithError(err).Warn("cannot connect to upstream")
 		c.refuseDetail(sqlstate.ConnectionUnable, "could not connect to the upstream server",
-			fmt.Sprintf("upstream %s: %v", s.Upstream, err))
+			fmt.Sprintf("upstream %s: %v", c.upstreamAddr, err))
 		return
 	}
 	if err := c.authenticate(); err != nil {
@@ -177,7 +189,7 @@ func (c *conn) startClientTLS() error {
 // connectUpstream dials the upstream and sends it the client's startup packet unchanged, so
 // that every parameter the client chose reaches the database in the client's order.
 func (c *conn) connectUpstream(packet []byte) error {
-	uc, err := c.srv.dialUpstream(c.ctx)
+	uc, err := c.srv.dialUpstream(c.ctx, c.upstreamAddr)
 	if err != nil {
 		return err
 	}

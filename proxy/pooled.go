@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
+	"github.com/leafproxy/leafproxy/proxy/pgauth"
 	"github.com/leafproxy/leafproxy/proxy/pool"
 )
 
@@ -46,6 +47,55 @@ type pooling struct {
 	once sync.Once
 	pool *pool.Pool[*physConn]
 	err  error
+
+	// targets maps each key to where and how its connections log in (*poolTarget).
+	targets sync.Map
+}
+
+// poolTarget is where the connections of a pool key go and how they log in: the
+// upstream address, the database name there, and the credentials of the last client of
+// the key the proxy authenticated itself (its stored secret and, after SCRAM, the
+// ClientKey it proved), so that the pool logs in as the user with what a client proved
+// and stores no password.
+type poolTarget struct {
+	addr, database, user string
+
+	mu        sync.Mutex
+	secret    *pgauth.Secret
+	clientKey []byte
+}
+
+// login returns how a new connection of the target logs in; nil when the proxy does not
+// authenticate clients (the upstream must trust the user).
+func (t *poolTarget) login() *pgauth.Login {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.secret == nil {
+		return nil
+	}
+	return &pgauth.Login{User: t.user, Secret: t.secret, ClientKey: t.clientKey}
+}
+
+// poolKey returns the pool key of a session routed to database at addr for user, and
+// records where its connections go and, when the proxy authenticated the client, what
+// they log in with. Sessions routed to another upstream than Server.Upstream get a key
+// of their own, whose database names the upstream too.
+func (s *Server) poolKey(addr, database, user string, front *pgauth.Login) pool.Key {
+	key := pool.Key{Database: database, User: user}
+	if addr != s.Upstream {
+		key.Database = database + "@" + addr
+	}
+	v, _ := s.pooling.targets.LoadOrStore(key, &poolTarget{addr: addr, database: database, user: user})
+	t := v.(*poolTarget)
+	if front != nil && front.Secret != nil {
+		t.mu.Lock()
+		t.secret = front.Secret
+		if front.ClientKey != nil {
+			t.clientKey = front.ClientKey
+		}
+		t.mu.Unlock()
+	}
+	return key
 }
 
 // transactionPooling reports whether sessions run in transaction mode.
@@ -87,7 +137,8 @@ func (s *Server) closePool() {
 // physConn is a server connection of the pool: logged in as the key's user, idle between
 // borrowers, and what the proxy knows of the session state on it.
 type physConn struct {
-	nc  net.Conn
+	addr string // the upstream's address, for cancel requests
+	nc   net.Conn
 	br  *bufio.Reader
 	key [8]byte // BackendKeyData: process ID and secret
 
@@ -116,7 +167,12 @@ type physConnector struct{ s *Server }
 var errUpstreamAuth = errors.New("the upstream asks for a password")
 
 func (pc physConnector) Dial(ctx context.Context, key pool.Key) (*physConn, error) {
-	nc, err := pc.s.dialUpstream(ctx)
+	v, ok := pc.s.pooling.targets.Load(key)
+	if !ok {
+		return nil, fmt.Errorf("no upstream known for %s of %s", key.User, key.Database)
+	}
+	t := v.(*poolTarget)
+	nc, err := pc.s.dialUpstream(ctx, t.addr)
 	if err != nil {
 		return nil, err
 	}
@@ -124,13 +180,14 @@ func (pc physConnector) Dial(ctx context.Context, key pool.Key) (*physConn, erro
 		_ = nc.SetDeadline(d)
 	}
 	p := &physConn{
+		addr:     t.addr,
 		nc:       nc,
 		br:       bufio.NewReaderSize(nc, readBufferSize),
 		params:   make(map[string]string),
 		reported: make(map[string]bool),
 		prepared: make(map[string]bool),
 	}
-	if err := p.logIn(key); err != nil {
+	if err := p.logIn(t); err != nil {
 		nc.Close()
 		return nil, err
 	}
@@ -138,12 +195,13 @@ func (pc physConnector) Dial(ctx context.Context, key pool.Key) (*physConn, erro
 	return p, nil
 }
 
-// login sends the startup packet of key and reads the server's startup messages up to
-// ReadyForQuery. Only a trust login is possible: the proxy holds no password.
-func (p *physConn) logIn(key pool.Key) error {
+// logIn sends the startup packet of the target and reads the server's startup messages
+// up to ReadyForQuery, answering the server's authentication requests with the
+// credentials of a client the proxy authenticated, or with none (trust).
+func (p *physConn) logIn(t *poolTarget) error {
 	msg := &pgproto3.StartupMessage{
 		ProtocolVersion: pgproto3.ProtocolVersionNumber,
-		Parameters:      map[string]string{"user": key.User, "database": key.Database},
+		Parameters:      map[string]string{"user": t.user, "database": t.database},
 	}
 	packet, err := msg.Encode(nil)
 	if err != nil {
@@ -152,6 +210,7 @@ func (p *physConn) logIn(key pool.Key) error {
 	if _, err := p.nc.Write(packet); err != nil {
 		return err
 	}
+	login := t.login()
 	for {
 		typ, body, err := p.readMessage()
 		if err != nil {
@@ -162,9 +221,25 @@ func (p *physConn) logIn(key pool.Key) error {
 			if len(body) < 4 {
 				return fmt.Errorf("authentication message of %d bytes", len(body))
 			}
-			if code := binary.BigEndian.Uint32(body); code != pgproto3.AuthTypeOk {
-				return fmt.Errorf("%w (authentication request %d) for user %q: transaction pooling logs in without one, so the upstream must trust the proxy for this user",
-					errUpstreamAuth, code, key.User)
+			code := binary.BigEndian.Uint32(body)
+			if login == nil {
+				if code != pgproto3.AuthTypeOk {
+					return fmt.Errorf("%w (authentication request %d) for user %q: with auth-type passthrough the proxy holds no credentials for pooled logins, so the upstream must trust it",
+						errUpstreamAuth, code, t.user)
+				}
+				continue
+			}
+			if code != pgproto3.AuthTypeOk && login.Binding == nil {
+				login.Binding, login.TLS = connBinding(p.nc)
+			}
+			resp, err := login.Respond(body)
+			if err != nil {
+				return err
+			}
+			if resp != nil {
+				if _, err := p.nc.Write(appendMessage(nil, clientPassword, resp)); err != nil {
+					return err
+				}
 			}
 		case serverParameterStatus:
 			name, value, ok := splitParameterStatus(body)

@@ -56,6 +56,10 @@ type Server struct {
 	// (SSLRequest is answered sslAccepted, 'S'); nil refuses TLS (sslRefused, 'N').
 	TLSConfig *tls.Config
 
+	// Auth, when its Type is not passthrough, makes the proxy authenticate clients
+	// itself; nil relays authentication to the upstream.
+	Auth *ClientAuth
+
 	// MaxClientConns is the most client sessions served at once; past it a client gets
 	// FATAL 53300 "sorry, too many clients already". Zero means no limit.
 	MaxClientConns int
@@ -121,6 +125,7 @@ type Server struct {
 	sessions   atomic.Int64                     // clients past the startup packet, counted against MaxClientConns
 	nextID     atomic.Uint64
 	cancels    cancelRegistry
+	routing    routing // see SetRoutes
 	loops      loopGroup
 	pooling    pooling
 }

@@ -580,3 +580,52 @@ func TestContainsFold(t *testing.T) {
 		}
 	}
 }
+
+// TestTxPoolAuthAtProxy: with the proxy authenticating clients (SCRAM and md5 users whose
+// upstream logins need a password), the pool logs in with what the clients proved; a
+// wrong password gets 28P01 and never a pooled connection.
+func TestTxPoolAuthAtProxy(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	file := writeAuthFile(t,
+		testenv.SCRAMUser, storedSecret(t, db, testenv.SCRAMUser),
+		testenv.MD5User, storedSecret(t, db, testenv.MD5User))
+	p := startProxy(t, db, inTransactionMode, func(s *Server) {
+		s.Pooling.PoolSize = 2
+		s.Auth = &ClientAuth{Type: AuthMD5, File: file}
+	})
+	ctx := testContext(t)
+	for _, u := range []struct{ user, password string }{
+		{testenv.SCRAMUser, testenv.SCRAMPassword}, {testenv.MD5User, testenv.MD5Password},
+	} {
+		var wg sync.WaitGroup
+		errs := make(chan error, 8)
+		for range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				conn, err := pgx.Connect(ctx, p.url(testenv.WithUser(db, u.user, u.password)))
+				if err != nil {
+					errs <- err
+					return
+				}
+				defer conn.Close(context.Background())
+				var who string
+				if err := conn.QueryRow(ctx, "SELECT current_user").Scan(&who); err != nil || who != u.user {
+					errs <- fmt.Errorf("current_user %q, %v; want %s", who, err, u.user)
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+		_, err := pgx.Connect(ctx, p.url(testenv.WithUser(db, u.user, "wrong")))
+		wantSQLState(t, err, "28P01")
+	}
+	for _, st := range p.srv.PoolStats() {
+		if st.Dials > 2 {
+			t.Fatalf("pool %s/%s dialled %d connections, pool-size 2", st.Database, st.User, st.Dials)
+		}
+	}
+}

@@ -778,19 +778,19 @@ func (v *pooledConn) Close() error {
 	return nil
 }
 
-// cancelPacket returns the CancelRequest for what the session runs now, nil when it
-// holds no server connection.
-func (v *pooledConn) cancelPacket() []byte {
+// cancelTarget returns the CancelRequest for what the session runs now and the address
+// of its server; nil when it holds no server connection.
+func (v *pooledConn) cancelTarget() ([]byte, string) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.pc == nil {
-		return nil
+		return nil, ""
 	}
 	b := make([]byte, 16)
 	binary.BigEndian.PutUint32(b, 16)
 	binary.BigEndian.PutUint32(b[4:], cancelRequestCode)
 	copy(b[8:], v.pc.key[:])
-	return b
+	return b, v.pc.addr
 }
 
 func (v *pooledConn) LocalAddr() net.Addr                { return pooledAddr{} }
@@ -855,11 +855,11 @@ func (c *conn) servePooled(packet []byte) {
 		c.refuse(sqlstate.FeatureNotSupported, "replication connections are not supported in transaction pool mode")
 		return
 	}
-	database := params["database"]
+	database := params["database"] // as routed
 	if database == "" {
 		database = user
 	}
-	v := newPooledConn(c, pool.Key{Database: database, User: user})
+	v := newPooledConn(c, s.poolKey(c.upstreamAddr, database, user, c.front))
 	ctx, cancel := context.WithTimeout(c.ctx, s.startupTimeout())
 	defer cancel()
 	p, err := s.serverPool()

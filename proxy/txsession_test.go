@@ -3,7 +3,6 @@ package proxy
 import (
 	"context"
 	"fmt"
-	"net/url"
 	"sync"
 	"testing"
 	"time"
@@ -23,15 +22,6 @@ const txPoolSize = 5
 func inTransactionMode(s *Server) {
 	s.PoolMode = PoolTransaction
 	s.Pooling = pool.Settings{Limits: pool.Limits{PoolSize: txPoolSize, QueryWaitTimeout: 60 * time.Second}}
-}
-
-// dbName returns the database of a connection URL.
-func dbName(t testing.TB, dbURL string) string {
-	u, err := url.Parse(dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return u.Path[1:]
 }
 
 // backends counts the server connections of a database other than the observer's own.

@@ -52,13 +52,14 @@ func upstreamNetwork(addr string) string {
 	return "tcp"
 }
 
-// dialUpstream connects to the upstream database and negotiates TLS per the SSL mode.
-func (s *Server) dialUpstream(ctx context.Context) (net.Conn, error) {
+// dialUpstream connects to the upstream database at addr and negotiates TLS per the SSL
+// mode.
+func (s *Server) dialUpstream(ctx context.Context, addr string) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.dialTimeout())
 	defer cancel()
 	d := net.Dialer{}
-	network := upstreamNetwork(s.Upstream)
-	c, err := d.DialContext(ctx, network, s.Upstream)
+	network := upstreamNetwork(addr)
+	c, err := d.DialContext(ctx, network, addr)
 	if err != nil {
 		return nil, err
 	}
@@ -70,7 +71,7 @@ func (s *Server) dialUpstream(ctx context.Context) (net.Conn, error) {
 	if mode == SSLDisable || network == "unix" {
 		return c, nil
 	}
-	tc, err := s.startUpstreamTLS(ctx, c, mode)
+	tc, err := s.startUpstreamTLS(ctx, c, mode, addr)
 	if err != nil {
 		c.Close()
 		return nil, err
@@ -78,7 +79,7 @@ func (s *Server) dialUpstream(ctx context.Context) (net.Conn, error) {
 	return tc, nil
 }
 
-func (s *Server) startUpstreamTLS(ctx context.Context, c net.Conn, mode SSLMode) (net.Conn, error) {
+func (s *Server) startUpstreamTLS(ctx context.Context, c net.Conn, mode SSLMode, addr string) (net.Conn, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		_ = c.SetDeadline(dl)
 		defer c.SetDeadline(noDeadline)
@@ -105,14 +106,14 @@ func (s *Server) startUpstreamTLS(ctx context.Context, c net.Conn, mode SSLMode)
 	default:
 		return nil, fmt.Errorf("upstream answered SSLRequest with %q", resp[0])
 	}
-	tc := tls.Client(&tlsTransport{Conn: c}, s.upstreamTLSConfig(mode))
+	tc := tls.Client(&tlsTransport{Conn: c}, s.upstreamTLSConfig(mode, addr))
 	if err := tc.HandshakeContext(ctx); err != nil {
 		return nil, fmt.Errorf("TLS handshake with upstream: %w", err)
 	}
 	return tc, nil
 }
 
-func (s *Server) upstreamTLSConfig(mode SSLMode) *tls.Config {
+func (s *Server) upstreamTLSConfig(mode SSLMode, addr string) *tls.Config {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
 	if mode != SSLVerifyFull {
 		// libpq's prefer and require encrypt without authenticating the server.
@@ -122,9 +123,9 @@ func (s *Server) upstreamTLSConfig(mode SSLMode) *tls.Config {
 	cfg.RootCAs = s.UpstreamRootCAs
 	cfg.ServerName = s.UpstreamServerName
 	if cfg.ServerName == "" {
-		host, _, err := net.SplitHostPort(s.Upstream)
+		host, _, err := net.SplitHostPort(addr)
 		if err != nil {
-			host = s.Upstream
+			host = addr
 		}
 		cfg.ServerName = host
 	}

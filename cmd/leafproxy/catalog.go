@@ -3,11 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
-	"path/filepath"
 	"reflect"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,12 +25,21 @@ type tableName struct{ schema, table string }
 // catalog is the rewriter's view of the filled tables' columns: read from the upstream's
 // pg_attribute (attnum order, dropped columns left out) with the store's credentials and
 // database, and replaced as a whole on each refresh. It is safe for concurrent use.
+//
+// One rewriter serves the sessions of every database, so with a databases setting the
+// catalog is read from each database it names as well (see catalogDatabases), and a
+// table whose columns differ between them is left out: an INSERT without a column list
+// into it is refused (0A000) rather than planned by another database's column order.
 type catalog struct {
 	conn *pgx.ConnConfig // the store's settings at the upstream's address
 	snap atomic.Pointer[map[tableName]rewrite.Table]
 
 	mu    sync.Mutex
 	rules []config.FillRule // the rules whose tables are read; setRules replaces them
+	dbs   []catalogDB       // further databases read; setDatabases replaces them
+	// differ names the tables left out at the last load because their columns differ
+	// between databases.
+	differ []string
 }
 
 // newCatalog returns a catalog of the tables rules fill, empty until the first load.
@@ -48,32 +53,13 @@ func newCatalog(store, upstream string, rules []config.FillRule) (*catalog, erro
 	if err != nil {
 		return nil, fmt.Errorf("upstream: %w", err)
 	}
-	p, err := strconv.ParseUint(port, 10, 16)
-	if err != nil {
-		return nil, fmt.Errorf("upstream port %q: %w", port, err)
-	}
-	cc.Host, cc.Port, cc.Fallbacks = host, uint16(p), nil
+	cc.Host, cc.Port, cc.Fallbacks = host, port, nil
 	cc.ConnectTimeout = 10 * time.Second
 	cc.RuntimeParams["application_name"] = "leafproxy catalog"
 	c := &catalog{conn: cc, rules: rules}
 	empty := map[tableName]rewrite.Table{}
 	c.snap.Store(&empty)
 	return c, nil
-}
-
-// splitUpstream returns the host and port pgx dials for the proxy's upstream address: a
-// host:port, or the path of a Unix socket, /dir/.s.PGSQL.port, which pgx reaches as host
-// dir (a directory, as in libpq) and that port.
-func splitUpstream(upstream string) (host, port string, err error) {
-	if !strings.HasPrefix(upstream, "/") {
-		return net.SplitHostPort(upstream)
-	}
-	dir, file := filepath.Split(upstream)
-	port, ok := strings.CutPrefix(file, ".s.PGSQL.")
-	if !ok || dir == "" {
-		return "", "", fmt.Errorf("socket %q is not named .s.PGSQL.<port>", upstream)
-	}
-	return filepath.Clean(dir), port, nil
 }
 
 // setRules makes the next load read the tables of rules.
@@ -101,21 +87,45 @@ ORDER BY n.nspname, c.relname, a.attnum`
 // load reads the columns of the filled tables and reports whether they differ from what
 // the catalog held.
 func (c *catalog) load(ctx context.Context) (changed bool, err error) {
-	conn, err := pgx.ConnectConfig(ctx, c.conn.Copy())
+	c.mu.Lock()
+	rules, dbs := c.rules, c.dbs
+	c.mu.Unlock()
+	snap, err := c.read(ctx, c.conn.Copy(), rules)
 	if err != nil {
-		return false, fmt.Errorf("catalog: %w", err)
+		return false, err
+	}
+	var differ []string
+	for _, db := range dbs {
+		cc := c.conn.Copy()
+		cc.Host, cc.Port, cc.Database = db.host, db.port, db.name
+		other, err := c.read(ctx, cc, rules)
+		if err != nil {
+			return false, fmt.Errorf("database %s at %s: %w", db.name, db.addr, err)
+		}
+		differ = mergeCatalog(snap, other, differ)
+	}
+	c.mu.Lock()
+	c.differ = differ
+	c.mu.Unlock()
+	changed = !reflect.DeepEqual(*c.snap.Load(), snap)
+	c.snap.Store(&snap)
+	return changed, nil
+}
+
+// read reads the columns of the tables rules fill from the database cc connects to.
+func (c *catalog) read(ctx context.Context, cc *pgx.ConnConfig, rules []config.FillRule) (map[tableName]rewrite.Table, error) {
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		return nil, fmt.Errorf("catalog: %w", err)
 	}
 	defer conn.Close(context.Background())
-	c.mu.Lock()
-	rules := c.rules
-	c.mu.Unlock()
 	var names []string
 	for _, r := range rules {
 		names = append(names, r.Table)
 	}
 	rows, err := conn.Query(ctx, catalogQuery, names)
 	if err != nil {
-		return false, fmt.Errorf("catalog: %w", err)
+		return nil, fmt.Errorf("catalog: %w", err)
 	}
 	snap := map[tableName]rewrite.Table{}
 	var schema, table, column, typ string
@@ -131,11 +141,9 @@ func (c *catalog) load(ctx context.Context) (changed bool, err error) {
 		return nil
 	})
 	if err != nil {
-		return false, fmt.Errorf("catalog: %w", err)
+		return nil, fmt.Errorf("catalog: %w", err)
 	}
-	changed = !reflect.DeepEqual(*c.snap.Load(), snap)
-	c.snap.Store(&snap)
-	return changed, nil
+	return snap, nil
 }
 
 // filled reports whether one of rules fills schema.table.
@@ -186,11 +194,13 @@ func (a *app) catalogRules(cfgRules []config.FillRule) ([]rewrite.FillRule, rewr
 		}
 	}
 	cat.setRules(cfgRules)
+	cat.setDatabases(catalogDatabases(a.routingConfig()))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if _, err := cat.load(ctx); err != nil {
 		a.log.WithError(err).Warn("cannot read the columns of the filled tables; retrying at the next refresh")
 	}
+	a.warnDiffering(cat)
 	var rules []rewrite.FillRule
 	for _, r := range cfgRules {
 		if typ := cat.keyType(r); a.router.IsSnowflake(r.Tag) && (typ == "integer" || typ == "smallint") {
@@ -245,6 +255,7 @@ func (a *app) refreshCatalog(ctx context.Context, interval time.Duration) {
 		case changed:
 			a.rewriterNow().CatalogChanged()
 			a.log.Info("columns of the filled tables changed; plans dropped")
+			a.warnDiffering(cat)
 		}
 	}
 }

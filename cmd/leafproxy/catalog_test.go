@@ -379,19 +379,20 @@ func TestCatalogLoadUnixSocket(t *testing.T) {
 
 func TestSplitUpstream(t *testing.T) {
 	for _, c := range []struct {
-		upstream, host, port string
-		ok                   bool
+		upstream, host string
+		port           uint16
+		ok             bool
 	}{
-		{"127.0.0.1:5432", "127.0.0.1", "5432", true},
-		{"[::1]:6432", "::1", "6432", true},
-		{"/var/run/postgresql/.s.PGSQL.5433", "/var/run/postgresql", "5433", true},
-		{"/tmp/.s.PGSQL.5432", "/tmp", "5432", true},
-		{"/var/run/postgresql/socket", "", "", false},
-		{"db.example", "", "", false},
+		{"127.0.0.1:5432", "127.0.0.1", 5432, true},
+		{"[::1]:6432", "::1", 6432, true},
+		{"/var/run/postgresql/.s.PGSQL.5433", "/var/run/postgresql", 5433, true},
+		{"/tmp/.s.PGSQL.5432", "/tmp", 5432, true},
+		{"/var/run/postgresql/socket", "", 0, false},
+		{"db.example", "", 0, false},
 	} {
 		host, port, err := splitUpstream(c.upstream)
 		if (err == nil) != c.ok || host != c.host || port != c.port {
-			t.Errorf("splitUpstream(%q) = %q, %q, %v; want %q, %q, ok %v", c.upstream, host, port, err, c.host, c.port, c.ok)
+			t.Errorf("splitUpstream(%q) = %q, %d, %v; want %q, %d, ok %v", c.upstream, host, port, err, c.host, c.port, c.ok)
 		}
 	}
 }

@@ -170,7 +170,7 @@ func (a *app) status() httpapi.Status {
 		Version:       buildVersion(),
 		StartedAt:     a.started,
 		Listen:        a.cfg.Listen,
-		Upstream:      a.cfg.Upstream,
+		Upstream:      upstreamTarget(a.routingConfig()),
 		SnowflakeTags: a.cfg.SnowflakeTags,
 	}
 	for _, r := range a.fill.current() {

@@ -140,7 +140,8 @@ func (a *app) refreshFill(ctx context.Context, why string) {
 }
 
 // watchFill refreshes the fill rules every fill-refresh and on every signal on hup, and
-// every fillRetry while the store cannot be read.
+// every fillRetry while the store cannot be read. A signal on hup (SIGHUP) first reloads
+// the databases (reloadDatabases).
 func (a *app) watchFill(ctx context.Context, hup <-chan os.Signal) {
 	t := time.NewTicker(a.cfg.FillRefresh)
 	defer t.Stop()
@@ -161,6 +162,7 @@ func (a *app) watchFill(ctx context.Context, hup <-chan os.Signal) {
 		case <-t.C:
 			a.refreshFill(ctx, "interval")
 		case <-hup:
+			a.reloadDatabases()
 			a.refreshFill(ctx, "SIGHUP")
 		case <-retryC:
 			a.refreshFill(ctx, "retry")

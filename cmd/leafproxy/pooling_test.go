@@ -20,7 +20,7 @@ func TestTransactionPoolWiring(t *testing.T) {
 	dsn := newStore(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	s := startServe(t, nil, serveArgs(t, dsn, 13, "--pool-mode", "transaction", "--pool-size", "3")...)
+	s := startServe(t, nil, serveArgs(t, dsn, 13, "--pool-mode", "transaction", "--pool-size", "3", "--auth-type", "trust")...)
 	waitReady(s)
 	var wg sync.WaitGroup
 	errs := make(chan error, 20)

@@ -40,7 +40,8 @@ Every setting can come from the YAML file (key = flag name), from LEAFPROXY_<NAM
 (upper case, '-' → '_'), or from a flag; a flag wins over the environment, which wins over
 the file. SIGTERM or SIGINT shuts down gracefully: the proxy stops accepting and lets
 sessions finish for up to shutdown-timeout, and the segment engine gives unused IDs back.
-SIGHUP reads the fill rules of the store (leaf_fill) at once, as every fill-refresh does.`
+SIGHUP reads the fill rules of the store (leaf_fill) at once, as every fill-refresh does, and
+reads the configuration again to apply its databases and upstream to new sessions.`
 
 func serveCmd(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("serve", serveSynopsis, stderr)
@@ -59,6 +60,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	a := &app{cfg: cfg, log: log, started: time.Now()}
+	a.dbs.load = reloadFrom(flags)
 	if err := a.run(ctx); err != nil {
 		err = withSchemaHint(startError(err, cfg))
 		// Said once, in the configured log format, so JSON log pipelines see why we exited.
@@ -128,6 +130,8 @@ type app struct {
 	events        leaseEvents
 
 	fill fillRules // the fill rules in use, config and store merged
+
+	dbs databaseRoutes // the databases routed to, reloaded on SIGHUP
 
 	mu        sync.Mutex
 	conflicts []string             // tags both in snowflake-tags and leaf_alloc
@@ -325,6 +329,7 @@ func (a *app) serveHTTP(ln net.Listener, wg *sync.WaitGroup) {
 			IsSnowflakeTag: a.router.IsSnowflake,
 			Totals:         a.metrics.IssuedTotals,
 			Ready:          a.ready,
+			Pools:          a.pools.snapshot,
 			Metrics:        a.metrics.Handler(),
 			Token:          a.cfg.HTTPToken,
 			Logger:         a.log,
@@ -447,6 +452,7 @@ func (a *app) newProxy() (*proxy.Server, error) {
 		IDs:             &idSource{router: a.router},
 		Upstream:        cfg.Upstream,
 		UpstreamSSLMode: cfg.UpstreamSSL,
+		Auth:            clientAuth(cfg),
 		MaxClientConns:  cfg.MaxClientConns,
 		MaxMessageSize:  cfg.MaxMessageSize,
 		MaxBatch:        cfg.MaxBatch,
@@ -480,6 +486,7 @@ func (a *app) newProxy() (*proxy.Server, error) {
 		}
 		s.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	}
+	s.SetRoutes(routesOf(a.routingConfig()))
 	return s, nil
 }
 

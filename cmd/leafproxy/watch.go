@@ -49,9 +49,8 @@ func (a *app) newProbes() {
 			first = false
 		}
 	}
-	a.upstreamProbe = &health.Probe{Name: "upstream", Target: a.cfg.Upstream, Interval: healthInterval,
-		Check:    func(ctx context.Context) error { return health.DialPostgres(ctx, a.cfg.Upstream) },
-		OnChange: logChange("upstream")}
+	a.upstreamProbe = &health.Probe{Name: "upstream", Target: upstreamTarget(a.cfg), Interval: healthInterval,
+		Check: a.checkUpstreams, OnChange: logChange("upstream")}
 	a.storeProbe = &health.Probe{Name: "store", Target: storeTarget(a.cfg.Store), Interval: healthInterval,
 		Check: func(ctx context.Context) error {
 			if err := a.pool.Ping(ctx); err != nil {

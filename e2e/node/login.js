@@ -1,7 +1,7 @@
 // Logs in through leafproxy with node-postgres and prints the current user, or
 // "refused SQLSTATE" when the server or the proxy refuses the login.
 //
-// Usage: DATABASE_URL=postgres://user:password@127.0.0.1:6432/db [SSL_CA=ca.pem] node login.js
+// Usage: DATABASE_URL=postgres://user:password@127.0.0.1:6432/db [SSL_CA=ca.pem] [CHANNEL_BINDING=1] node login.js
 'use strict';
 
 const fs = require('fs');
@@ -11,6 +11,10 @@ async function main() {
   const config = { connectionString: process.env.DATABASE_URL };
   if (process.env.SSL_CA) {
     config.ssl = { ca: fs.readFileSync(process.env.SSL_CA), servername: 'localhost' };
+  }
+  if (process.env.CHANNEL_BINDING) {
+    // Use SCRAM-SHA-256-PLUS when the server offers it over TLS.
+    config.enableChannelBinding = true;
   }
   const client = new Client(config);
   try {

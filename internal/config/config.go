@@ -57,8 +57,18 @@ type Config struct {
 	UpstreamSSL proxy.SSLMode `yaml:"-"`
 	Pooling     `yaml:",inline"`
 
+	// Authentication at the proxy (auth.go).
+	AuthType     string `yaml:"auth-type"`
+	AuthFile     string `yaml:"auth-file"`
+	AuthUser     string `yaml:"auth-user"`
+	AuthQuery    string `yaml:"auth-query"`
+	AuthPassword string `yaml:"auth-password"`
+
 	Store          string `yaml:"store"`
 	MigrateOnStart bool   `yaml:"migrate-on-start"`
+
+	// Databases routes the database a client names to an upstream (databases.go).
+	Databases Databases `yaml:"databases"`
 
 	HTTP      string `yaml:"http"`
 	HTTPToken string `yaml:"http-token"`
@@ -110,6 +120,8 @@ func Defaults() Config {
 		MaxClientConns:  1000,
 		MaxMessageSize:  proxy.DefaultMaxMessageSize,
 		HTTP:            DefaultHTTP,
+		AuthType:        AuthPassthrough,
+		AuthQuery:       DefaultAuthQuery,
 		ZooKeeperName:   "leafproxy",
 		SnowflakeEpoch:  DefaultSnowflakeEpoch,
 		MaxBackwards:    snowflake.DefaultMaxBackwards,
@@ -171,6 +183,7 @@ type setting struct {
 	name  string
 	arg   string // placeholder in help texts; default by type (see FlagArg)
 	usage string
+	alias string // a second flag name (--database for databases)
 	field func(*Config) any
 	// repeat: the flag may be given several times; each adds to the list.
 	repeat bool
@@ -194,6 +207,9 @@ var settings = []setting{
 	{name: "upstream", arg: "HOST:PORT|SOCKET", usage: "address of the real PostgreSQL server: host:port, or the path of a Unix socket",
 		field: func(c *Config) any { return &c.Upstream },
 		check: checkUpstream},
+	{name: "databases", alias: "database", arg: "NAME=CONNSTRING", repeat: true, usage: "route the database NAME clients ask for to an upstream, as a PgBouncer [databases] line: host=H port=P dbname=D (or upstream=HOST:PORT|SOCKET); NAME * serves every other database; repeatable; unset: every database goes to upstream",
+		field: func(c *Config) any { return &c.Databases },
+		check: checkDatabases},
 	{name: "upstream-sslmode", arg: "MODE", usage: "TLS to the upstream: disable, prefer, require or verify-full (libpq's meanings)",
 		field: func(c *Config) any { return &c.UpstreamSSLMode },
 		check: checkUpstreamSSLMode},

@@ -300,10 +300,14 @@ func TestPoolingSettings(t *testing.T) {
 	}
 	c.Store = "postgres://leaf@127.0.0.1:5432/app"
 	c.PoolMode = "statement"
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "not one of session, transaction") {
+		t.Fatalf("Validate: %v", err)
+	}
+	c.PoolMode = PoolModeTransaction
 	c.PoolSize = 2
 	c.MinPoolSize = 3
 	err := c.Validate()
-	if err == nil || !strings.Contains(err.Error(), `pool-mode (default): "statement" is not one of session, transaction`) ||
+	if err == nil || !strings.Contains(err.Error(), `pool-mode (default): transaction needs the proxy to authenticate clients itself`) ||
 		!strings.Contains(err.Error(), "min-pool-size (default): 3 exceeds pool-size 2") {
 		t.Fatalf("Validate: %v", err)
 	}

@@ -32,6 +32,9 @@ func RegisterFlags(fs *flag.FlagSet) *Flags {
 		v := &flagValue{s: s, def: render(s.field(&def))}
 		f.values = append(f.values, v)
 		fs.Var(v, s.name, s.usage+" (env "+EnvName(s.name)+")")
+		if s.alias != "" {
+			fs.Var(v, s.alias, "same as --"+s.name)
+		}
 	}
 	return f
 }
@@ -111,6 +114,8 @@ func render(p any) string {
 		return p.String()
 	case *List:
 		return strings.Join(*p, ",")
+	case *Databases:
+		return p.String()
 	}
 	panic(fmt.Sprintf("config: unsupported field type %T", p))
 }
@@ -152,6 +157,8 @@ func setString(p any, s string) error {
 		*p = d
 	case *List:
 		*p = splitList(s)
+	case *Databases:
+		return p.Set(s)
 	default:
 		panic(fmt.Sprintf("config: unsupported field type %T", p))
 	}
@@ -206,6 +213,10 @@ func Load(f *Flags, env LookupEnv) (*Config, error) {
 			*l = nil
 			for _, raw := range v.vals {
 				*l = append(*l, splitList(raw)...)
+			}
+		} else if d, ok := p.(*Databases); ok {
+			if err := d.setFlags(v.vals); err != nil {
+				return nil, fmt.Errorf("%s (flag --%s): %w", v.s.name, v.s.alias, err)
 			}
 		} else if err := setString(p, v.vals[0]); err != nil {
 			return nil, fmt.Errorf("%s (flag --%s): %w", v.s.name, v.s.name, err)

@@ -42,7 +42,11 @@ func init() {
 
 func checkPoolMode(c *Config, bad problem) {
 	switch c.PoolMode {
-	case "", PoolModeSession, PoolModeTransaction:
+	case "", PoolModeSession:
+	case PoolModeTransaction:
+		if c.AuthType == "" || c.AuthType == AuthPassthrough {
+			bad("transaction needs the proxy to authenticate clients itself, since pooled connections are shared: set auth-type to scram-sha-256, md5 or trust (passthrough relays each client's login to its own server connection)")
+		}
 	default:
 		bad("%q is not one of session, transaction", c.PoolMode)
 	}

@@ -59,6 +59,14 @@ type Probe struct {
 	state State
 }
 
+// SetTarget changes what State names as the checked target, for a dependency whose
+// address changed (the upstreams after a reload of the databases).
+func (p *Probe) SetTarget(target string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.Target = target
+}
+
 // State returns the last known state.
 func (p *Probe) State() State {
 	p.mu.Lock()

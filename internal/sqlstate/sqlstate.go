@@ -50,6 +50,13 @@ const (
 	InvalidPassword = "28P01"
 )
 
+// Class 3D: invalid catalog name.
+const (
+	// InvalidCatalogName is invalid_catalog_name: a client asked for a database the proxy
+	// has no route to.
+	InvalidCatalogName = "3D000"
+)
+
 // Class 42: syntax error or access rule violation.
 const (
 	// UndefinedColumn is undefined_column: the error a refused statement's stand-in fails

@@ -139,8 +139,8 @@ func (s *Server) closePool() {
 type physConn struct {
 	addr string // the upstream's address, for cancel requests
 	nc   net.Conn
-	br  *bufio.Reader
-	key [8]byte // BackendKeyData: process ID and secret
+	br   *bufio.Reader
+	key  [8]byte // BackendKeyData: process ID and secret
 
 	// login holds the ParameterStatus values reported at login, by name as the server
 	// spells it; they are what a new client is told at its startup.

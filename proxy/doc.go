@@ -1,5 +1,7 @@
-// Package proxy is leafproxy's PostgreSQL wire-protocol server in session mode: every client
-// connection (a session) gets its own server connection, held until the client leaves.
+// Package proxy is leafproxy's PostgreSQL wire-protocol server. In session mode (the
+// default) every client connection (a session) gets its own server connection, held until
+// the client leaves; in transaction mode sessions share pools of server connections, one
+// borrowed per transaction (see txsession.go).
 //
 // The proxy is invisible to clients: startup parameters and authentication (trust, md5,
 // SCRAM-SHA-256) are relayed so that the database alone decides who gets in, and every
@@ -112,6 +114,16 @@
 //   - encode.go: the server messages the proxy writes itself, appended without
 //     allocating.
 //   - cancel.go: CancelRequest: the registry of keys handed out, forwarding upstream.
+//
+// Transaction mode (Server.PoolMode PoolTransaction): a session's server connection is
+// a pooledConn, which borrows a connection of proxy/pool per transaction:
+//
+//   - pooled.go: PoolMode, the Server's pool and its Connector: the pooled connections
+//     (physConn), their logins, reset and close.
+//   - txsession.go: the session in transaction mode (servePooled, pooledConn): borrowing
+//     and giving back, the client's statements prepared on each connection under names
+//     of the proxy's, the client's settings carried over.
+//   - txrefusal.go: what transaction mode refuses with 0A000.
 //
 // Rewriting (Server.Rewriter set):
 //

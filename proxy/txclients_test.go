@@ -629,3 +629,31 @@ func TestTxPoolAuthAtProxy(t *testing.T) {
 		}
 	}
 }
+
+// TestTxPoolRoutes: pools are keyed by the database as routed, so two names routed to one
+// database share a pool, and each client lands in its routed database.
+func TestTxPoolRoutes(t *testing.T) {
+	first := testenv.NewDatabase(t)
+	second := testenv.NewDatabase(t)
+	p := startProxy(t, first, inTransactionMode)
+	p.srv.SetRoutes(NewRoutes(map[string]Route{
+		"app":   {Database: dbName(t, first)},
+		"alias": {Database: dbName(t, first)},
+		"other": {Database: dbName(t, second)},
+	}, nil))
+	for name, want := range map[string]string{"app": dbName(t, first), "alias": dbName(t, first), "other": dbName(t, second)} {
+		conn := connect(t, p.url(withPath(t, first, name)))
+		if got := currentDatabase(t, conn); got != want {
+			t.Fatalf("%s: in database %s, want %s", name, got, want)
+		}
+	}
+	_, err := pgx.Connect(testContext(t), p.url(withPath(t, first, "nowhere")))
+	wantSQLState(t, err, "3D000")
+	pools := map[string]bool{}
+	for _, st := range p.srv.PoolStats() {
+		pools[st.Database] = true
+	}
+	if len(pools) != 2 || !pools[dbName(t, first)] || !pools[dbName(t, second)] {
+		t.Fatalf("pools %v, want one per routed database", pools)
+	}
+}

@@ -657,3 +657,39 @@ func TestTxPoolRoutes(t *testing.T) {
 		t.Fatalf("pools %v, want one per routed database", pools)
 	}
 }
+
+// TestTxPoolCancelWhileWaiting: a cancel request ends a client's wait for a server
+// connection with 57014, and the session goes on.
+func TestTxPoolCancelWhileWaiting(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p := startProxy(t, db, inTransactionMode, func(s *Server) { s.Pooling.PoolSize = 1 })
+	ctx := testContext(t)
+	holder := connect(t, p.url(db))
+	waiter := connect(t, p.url(db))
+	tx, err := holder.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+		t.Fatal(err)
+	}
+	res := waiter.PgConn().Exec(ctx, "SELECT 2")
+	waitFor(t, 20*time.Second, "the waiter to queue", func() error {
+		if st := p.srv.PoolStats(); len(st) != 1 || st[0].ClientsWaiting != 1 {
+			return fmt.Errorf("pool figures %+v", st)
+		}
+		return nil
+	})
+	if err := waiter.PgConn().CancelRequest(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, err = res.ReadAll()
+	wantSQLState(t, err, "57014")
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := waiter.QueryRow(ctx, "SELECT 3").Scan(&n); err != nil || n != 3 {
+		t.Fatalf("after the cancelled wait: %d, %v", n, err)
+	}
+}

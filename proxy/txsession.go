@@ -125,6 +125,7 @@ type pooledConn struct {
 	release  bool // give pc back once writers is 0
 	closed   bool
 	queries  int // cycles of the borrower, for the pool's figures
+	stopWait context.CancelCauseFunc // ends the wait for a server connection in progress
 
 	// Protocol state of the borrowed connection.
 	queue       []expect
@@ -160,13 +161,29 @@ func newPooledConn(c *conn, key pool.Key) *pooledConn {
 }
 
 // acquire borrows a server connection for the session.
+// A cancel request ends the wait, and the statement fails with 57014 as a cancelled one.
 func (v *pooledConn) acquire() (*pool.Server[*physConn], error) {
 	p, err := v.c.srv.serverPool()
 	if err != nil {
 		return nil, err
 	}
-	return p.Acquire(v.c.ctx, v.key)
+	ctx, cancel := context.WithCancelCause(v.c.ctx)
+	defer cancel(nil)
+	v.mu.Lock()
+	v.stopWait = cancel
+	v.mu.Unlock()
+	srv, err := p.Acquire(ctx, v.key)
+	v.mu.Lock()
+	v.stopWait = nil
+	v.mu.Unlock()
+	if err != nil && errors.Is(context.Cause(ctx), errWaitCancelled) {
+		return nil, errWaitCancelled
+	}
+	return srv, err
 }
+
+// errWaitCancelled ends a wait for a server connection that the client cancelled.
+var errWaitCancelled = errors.New("canceling statement due to user request")
 
 // take makes srv the session's connection and applies the client's settings to it.
 func (v *pooledConn) take(srv *pool.Server[*physConn]) []byte {
@@ -779,10 +796,13 @@ func (v *pooledConn) Close() error {
 }
 
 // cancelTarget returns the CancelRequest for what the session runs now and the address
-// of its server; nil when it holds no server connection.
+// of its server; nil when it holds no server connection. A wait for one ends.
 func (v *pooledConn) cancelTarget() ([]byte, string) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	if v.stopWait != nil {
+		v.stopWait(errWaitCancelled)
+	}
 	if v.pc == nil {
 		return nil, ""
 	}
@@ -806,6 +826,9 @@ func (pooledAddr) String() string  { return "pool" }
 
 // acquireError is the ErrorResponse for a failed borrow.
 func acquireError(err error) []byte {
+	if errors.Is(err, errWaitCancelled) {
+		return errorMessage(sqlstate.QueryCanceled, err.Error(), "")
+	}
 	code := sqlstate.ConnectionUnable
 	var pe *pool.Error
 	if errors.As(err, &pe) && pe.Code != "" {

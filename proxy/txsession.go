@@ -124,7 +124,7 @@ type pooledConn struct {
 	writers  int  // Writes in progress
 	release  bool // give pc back once writers is 0
 	closed   bool
-	queries  int // cycles of the borrower, for the pool's figures
+	queries  int                     // cycles of the borrower, for the pool's figures
 	stopWait context.CancelCauseFunc // ends the wait for a server connection in progress
 
 	// Protocol state of the borrowed connection.

@@ -24,13 +24,13 @@ var errStartupRefused = errors.New("upstream refused the startup")
 // follows it.
 func (c *conn) authenticate() error {
 	for {
-		typ, n, err := c.ur.next()
+		typ, n, err := c.server.r.next()
 		if err != nil {
 			return c.upstreamStartupFailed(err)
 		}
 		switch typ {
 		case serverAuthentication:
-			body, err := c.ur.readBody(n)
+			body, err := c.server.r.readBody(n)
 			if err != nil {
 				return c.upstreamStartupFailed(err)
 			}
@@ -60,7 +60,7 @@ func (c *conn) authenticate() error {
 				}
 			}
 		case serverBackendKeyData:
-			body, err := c.ur.readBody(n)
+			body, err := c.server.r.readBody(n)
 			if err != nil {
 				return c.upstreamStartupFailed(err)
 			}
@@ -78,7 +78,7 @@ func (c *conn) authenticate() error {
 			_ = c.cw.Flush()
 			return errStartupRefused
 		case serverReadyForQuery:
-			body, err := c.ur.readBody(n)
+			body, err := c.server.r.readBody(n)
 			if err != nil {
 				return c.upstreamStartupFailed(err)
 			}
@@ -92,10 +92,10 @@ func (c *conn) authenticate() error {
 				return err
 			}
 			// Published last: from here on Shutdown may write to the client.
-			c.txStatus.Store(uint32(body[0]))
+			c.server.txStatus.Store(uint32(body[0]))
 			return nil
 		case serverParameterStatus:
-			body, err := c.ur.readBody(n)
+			body, err := c.server.r.readBody(n)
 			if err != nil {
 				return c.upstreamStartupFailed(err)
 			}
@@ -134,13 +134,13 @@ func (c *conn) relayAuthResponse(code uint32) error {
 	if code == pgproto3.AuthTypeSASL && n <= maxAuthTokenLength {
 		return c.relaySASLInitialResponse(n)
 	}
-	if err := writeHeader(c.uw, typ, n); err != nil {
+	if err := writeHeader(c.server.w, typ, n); err != nil {
 		return err
 	}
-	if err := c.cr.copyBody(c.uw, n); err != nil {
+	if err := c.cr.copyBody(c.server.w, n); err != nil {
 		return err
 	}
-	return c.uw.Flush()
+	return c.server.w.Flush()
 }
 
 // relayRaw copies one upstream message, whose header has been read, to the client.
@@ -148,7 +148,7 @@ func (c *conn) relayRaw(typ byte, n int) error {
 	if err := writeHeader(c.cw, typ, n); err != nil {
 		return err
 	}
-	return c.ur.copyBody(c.cw, n)
+	return c.server.r.copyBody(c.cw, n)
 }
 
 // writeClient writes one message to the client's buffer.
@@ -192,7 +192,7 @@ func (c *conn) channelBindingPasses() bool {
 	if _, ok := c.client.(*tls.Conn); !ok {
 		return false
 	}
-	up, ok := c.upstream.(*tls.Conn)
+	up, ok := c.server.nc.(*tls.Conn)
 	if !ok {
 		return false
 	}
@@ -257,12 +257,12 @@ func (c *conn) relaySASLInitialResponse(n int) error {
 	if err := c.writeUpstream(clientPassword, body); err != nil {
 		return err
 	}
-	return c.uw.Flush()
+	return c.server.w.Flush()
 }
 
 // upstreamTLS reports whether the upstream connection is encrypted.
 func (c *conn) upstreamTLS() bool {
-	_, ok := c.upstream.(*tls.Conn)
+	_, ok := c.server.nc.(*tls.Conn)
 	return ok
 }
 
@@ -287,9 +287,9 @@ func parseSASLInitialResponse(body []byte) (mech string, data []byte, ok bool) {
 
 // writeUpstream writes one message to the upstream's buffer.
 func (c *conn) writeUpstream(typ byte, body []byte) error {
-	if err := writeHeader(c.uw, typ, len(body)); err != nil {
+	if err := writeHeader(c.server.w, typ, len(body)); err != nil {
 		return err
 	}
-	_, err := c.uw.Write(body)
+	_, err := c.server.w.Write(body)
 	return err
 }

@@ -34,13 +34,11 @@ func (c *conn) batchIDs(tag string, n int64) ([]int64, error) {
 			Message: fmt.Sprintf("the number of IDs of leaf_next(tag, n) must be between 1 and %d, got %d", limit, n),
 			Hint:    "Ask for at most the proxy's max-batch IDs at a time."}
 	}
-	if ls := c.loop.Load(); ls != nil && !ls.detached {
-		ls.detach() // a batch may wait for a segment load: the loop goes on without it
-	}
-	s := &c.sess
-	ids, err := c.srv.IDs.NextBatch(c.ctx, tag, int(n), s.idsBuf[:0])
+	c.detach() // a batch may wait for a segment load: the loop goes on without it
+	ss := &c.sess
+	ids, err := c.srv.IDs.NextBatch(c.ctx, tag, int(n), ss.idsBuf[:0])
 	if cap(ids) <= keepBufferSize/8 {
-		s.idsBuf = ids[:0]
+		ss.idsBuf = ids[:0]
 	}
 	if err != nil {
 		return nil, err // the source words its errors; errorResponse gives them a SQLSTATE
@@ -51,7 +49,7 @@ func (c *conn) batchIDs(tag string, n int64) ([]int64, error) {
 // onBatchQuery answers a Query that is SELECT leaf_next('tag', n): itself when nothing is
 // outstanding and the transaction has not failed (as fastPath), else through the server.
 func (c *conn) onBatchQuery(b *rewrite.Batch) error {
-	s := &c.sess
+	ss := &c.sess
 	tx, local := c.mayAnswerQuery()
 	var ids []int64
 	var err error
@@ -70,16 +68,16 @@ func (c *conn) onBatchQuery(b *rewrite.Batch) error {
 		return c.answerQueryError(err)
 	}
 	if local {
-		out := appendRowDescription(s.outBuf[:0], b.Column, false)
+		out := appendRowDescription(ss.outBuf[:0], b.Column, false)
 		out = appendBatchRows(out, ids, false)
 		return c.answerQuery(appendCommandComplete(out, "SELECT "+strconv.Itoa(len(ids))))
 	}
-	out := append(b.AppendLiteral(s.outBuf[:0], ids), 0)
-	s.outBuf = keepSmall(out)
-	s.mu.Lock()
-	s.openLocked()
-	s.cur = nil
-	s.mu.Unlock()
+	out := append(b.AppendLiteral(ss.outBuf[:0], ids), 0)
+	ss.outBuf = keepSmall(out)
+	ss.mu.Lock()
+	ss.openLocked()
+	ss.cur = nil
+	ss.mu.Unlock()
 	c.pending.Add(1)
 	c.rewritten("query")
 	return c.send(clientQuery, out)
@@ -208,13 +206,13 @@ func appendInt8Array(b []byte, ids []int64, binaryFormat bool) []byte {
 // parseBatch sends the Parse of a batch statement: SELECT unnest($k::int8[]) AS name,
 // where $k follows the client's parameters, which keep the types batchParamTypes gives.
 func (c *conn) parseBatch(name string, plan *rewrite.Plan, oids []byte, mat *localStatement) error {
-	s := &c.sess
+	ss := &c.sess
 	b := plan.Batch
 	types, _ := batchParamTypes(b, plan.MaxParam, oids)
 	if len(types)+1 > 65535 {
 		return c.refuseExtended(&rewrite.Error{Code: sqlstate.ProgramLimitExceeded, Message: "too many parameters with the hidden leaf ID parameter"}, name == "")
 	}
-	out := append(s.outBuf[:0], name...)
+	out := append(ss.outBuf[:0], name...)
 	out = append(out, 0)
 	out = b.AppendParam(out, len(types)+1)
 	out = append(out, 0)
@@ -223,7 +221,7 @@ func (c *conn) parseBatch(name string, plan *rewrite.Plan, oids []byte, mat *loc
 		out = binary.BigEndian.AppendUint32(out, t)
 	}
 	out = binary.BigEndian.AppendUint32(out, oidInt8Array)
-	s.outBuf = keepSmall(out)
+	ss.outBuf = keepSmall(out)
 	return c.sendParse(name, &statement{batch: b, params: types, local: true}, plan, mat, out)
 }
 
@@ -231,7 +229,7 @@ func (c *conn) parseBatch(name string, plan *rewrite.Plan, oids []byte, mat *loc
 // as its hidden int8[] parameter: in binary when one format code says binary for all,
 // else as text (with a text code of its own when the client gave one code per parameter).
 func (c *conn) bindBatch(st *statement, name string, body []byte) error {
-	s := &c.sess
+	ss := &c.sess
 	m, _, ok := parseBind(body)
 	if !ok || (len(m.formats) > 1 && len(m.formats) != len(m.params)) {
 		return c.forwardExtended(clientBind, body) // the server reports the malformed Bind
@@ -248,10 +246,10 @@ func (c *conn) bindBatch(st *statement, name string, body []byte) error {
 	if err != nil {
 		return c.refuseExtended(err, false)
 	}
-	out := appendBindParams(s.outBuf[:0], &m, 1)
+	out := appendBindParams(ss.outBuf[:0], &m, 1)
 	out = appendInt8Array(out, ids, m.hiddenBinary())
 	out = append(out, m.results...)
-	s.outBuf = keepSmall(out)
+	ss.outBuf = keepSmall(out)
 	return c.forwardExtended(clientBind, out)
 }
 

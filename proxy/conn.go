@@ -18,8 +18,9 @@ import (
 	"github.com/leafproxy/leafproxy/proxy/pgauth"
 )
 
-// conn is one client connection and, once the client has sent its startup packet, the
-// upstream connection that serves it.
+// conn is a session: one client connection, from its startup packet to its end, and
+// what the proxy keeps of the client's protocol state. Once the client has sent its
+// startup packet, the session holds a server connection (serverConn) that serves it.
 type conn struct {
 	srv    *Server
 	id     uint64
@@ -27,44 +28,32 @@ type conn struct {
 	cancel context.CancelFunc
 	log    logrus.FieldLogger
 
-	mu       sync.Mutex // guards client, upstream and closed against close from other goroutines
-	client   net.Conn
-	upstream net.Conn
-	closed   bool
+	mu     sync.Mutex // guards client, server.nc and closed against close from other goroutines
+	client net.Conn
+	server *serverConn // the server connection that serves the session; nil before startup
+	closed bool
 
 	cr msgReader // from the client
-	ur msgReader // from the upstream
-	uw *bufio.Writer
 
-	// cwMu serialises writes to the client: the upstream-to-client relay writes there,
+	// cwMu serialises writes to the client: the server-to-client relay writes there,
 	// and so do Shutdown (a final FATAL) and the client-side relay (its own errors).
-	cwMu sync.Mutex
+	cwMu sessionLock
 	cw   *bufio.Writer
 
 	cancelKey string                  // BackendKeyData the client was given, registered in srv.cancels; under mu
 	session   bool                    // holds a session slot; under mu
 	idWait    context.CancelCauseFunc // ends the wait for an ID in progress (see nextID); under mu
 
-	// Protocol state shared by the two relay goroutines.
-	txStatus atomic.Uint32 // last ReadyForQuery status: txIdle, txInBlock or txFailed; 0 before the first
-	pending  atomic.Int64  // ReadyForQuery messages the client still awaits
-	told     atomic.Bool   // the proxy has sent the client its own final error
-	// unsafeEncoding is set while the session's client_encoding (as the server last
-	// reported it in a ParameterStatus) is one whose multibyte characters may hold ASCII
-	// bytes: the proxy then cannot find the rows of text or CSV COPY data.
-	unsafeEncoding atomic.Bool
-	// timeFormat is how the session prints a timestamptz (DateStyle and TimeZone as the
-	// server last reported them), for the proxy's own leaf_decode answers; timeParams is
-	// its source, touched only by whoever reads the upstream.
-	timeFormat atomic.Pointer[timeFormat]
-	timeParams timeFormat
+	// Protocol state of the client side, shared by the two relay goroutines.
+	pending atomic.Int64 // ReadyForQuery messages the client still awaits
+	told    atomic.Bool  // the proxy has sent the client its own final error
 
 	sess sessionState // statement map and request cycles; used only when rewriting
 
 	front *pgauth.Login // how the proxy logs in for a client it authenticated itself; nil: relayed
 
 	// loop is the event loop session while a loop serves the connection; client and
-	// upstream then hold placeholders, and everything happens on the loop's goroutine.
+	// server.nc then hold placeholders, and everything happens on the loop's goroutine.
 	loop atomic.Pointer[loopSession]
 
 	upstreamAddr string // where the session's upstream is (see route); set before the dial
@@ -85,12 +74,7 @@ func (c *conn) serve() {
 			c.close()
 		}
 	}()
-	defer func() {
-		// A bug in the relay must cost one connection, not the process.
-		if r := recover(); r != nil {
-			c.log.WithField("panic", r).Error("connection handler panicked")
-		}
-	}()
+	defer c.recoverPanic()
 	s := c.srv
 	_ = c.client.SetDeadline(time.Now().Add(s.startupTimeout()))
 	packet, err := c.negotiate()
@@ -134,7 +118,7 @@ func (c *conn) serve() {
 		return
 	}
 	_ = c.client.SetDeadline(noDeadline)
-	_ = c.upstream.SetDeadline(noDeadline)
+	_ = c.server.nc.SetDeadline(noDeadline)
 	c.log.Debug("session started")
 	if adopted = s.adopt(c); !adopted {
 		c.relay()
@@ -205,25 +189,19 @@ func (c *conn) connectUpstream(packet []byte) error {
 	if err != nil {
 		return err
 	}
+	sc := newServerConn(uc, c.srv.maxMessageSize())
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
 		uc.Close()
 		return net.ErrClosed
 	}
-	c.upstream = uc
+	c.server = sc
 	c.mu.Unlock()
 
-	_ = uc.SetDeadline(time.Now().Add(c.srv.startupTimeout()))
-	maxBody := c.srv.maxMessageSize()
-	c.cr = msgReader{br: bufio.NewReaderSize(c.client, readBufferSize), maxBody: maxBody}
+	c.cr = msgReader{br: bufio.NewReaderSize(c.client, readBufferSize), maxBody: sc.r.maxBody}
 	c.cw = bufio.NewWriterSize(c.client, writeBufferSize)
-	c.ur = msgReader{br: bufio.NewReaderSize(uc, readBufferSize), maxBody: maxBody}
-	c.uw = bufio.NewWriterSize(uc, writeBufferSize)
-	if _, err := c.uw.Write(packet); err != nil {
-		return err
-	}
-	return c.uw.Flush()
+	return sc.start(packet, time.Now().Add(c.srv.startupTimeout()))
 }
 
 // refuse sends the client a FATAL error of the proxy's own making before any session
@@ -246,12 +224,16 @@ func (c *conn) close() {
 	}
 	c.closed = true
 	c.cancel()
-	client, upstream, key, session := c.client, c.upstream, c.cancelKey, c.session
+	client, key, session := c.client, c.cancelKey, c.session
+	var server net.Conn
+	if c.server != nil {
+		server = c.server.nc
+	}
 	c.mu.Unlock()
 
 	client.Close()
-	if upstream != nil {
-		upstream.Close()
+	if server != nil {
+		server.Close()
 	}
 	if key != "" {
 		c.srv.cancels.remove(key, c)
@@ -275,13 +257,15 @@ func (c *conn) holdSession() bool {
 	return true
 }
 
-// setCancelKey registers the cancel key the client is being given.
+// setCancelKey records the server connection's BackendKeyData and registers it as the
+// cancel key the client is being given.
 func (c *conn) setCancelKey(key string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
 		return
 	}
+	c.server.key = key
 	if c.cancelKey != "" {
 		c.srv.cancels.remove(c.cancelKey, c)
 	}
@@ -289,28 +273,11 @@ func (c *conn) setCancelKey(key string) {
 	c.srv.cancels.add(key, c)
 }
 
-// closeIfIdle ends the session when it is between transactions with nothing outstanding,
-// telling the client why. Used by Shutdown.
-func (c *conn) closeIfIdle() {
-	if ls := c.loop.Load(); ls != nil {
-		ls.requestCloseIfIdle()
-		return
-	}
-	if c.txStatus.Load() != txIdle || c.pending.Load() != 0 {
-		return
-	}
-	if !c.cwMu.TryLock() {
-		return // a response is being relayed right now: not idle
-	}
-	if c.txStatus.Load() == txIdle && c.pending.Load() == 0 {
-		_ = c.client.SetWriteDeadline(time.Now().Add(time.Second))
-		_, _ = c.cw.Write(fatal(sqlstate.AdminShutdown, "terminating connection due to administrator command"))
-		_ = c.cw.Flush()
-		c.cwMu.Unlock()
-		c.close()
-		return
-	}
-	c.cwMu.Unlock()
+// singleGoroutine tells the session's locks whether one goroutine at a time serves it
+// (an event loop) or two (a goroutine pair); see sessionLock.
+func (c *conn) singleGoroutine(single bool) {
+	c.cwMu.single = single
+	c.sess.mu.single = single
 }
 
 // startupParams returns the name/value pairs of a protocol 3 StartupMessage packet.

@@ -210,13 +210,13 @@ func (c *conn) onCopyIn(ci *copyIn, typ byte, n int) error {
 	if err != nil {
 		return err
 	}
-	s := &c.sess
+	ss := &c.sess
 	if ci.text && !ci.checked && !ci.failed && typ != clientCopyFail {
 		// The client sends data once it has the CopyInResponse, which the server sent
 		// after the ParameterStatus of any client_encoding change before the COPY: the
 		// encoding is known now, also when the COPY was pipelined behind the change.
 		ci.checked = true
-		if c.unsafeEncoding.Load() {
+		if c.server.unsafeEncoding.Load() {
 			if err := c.failCopy(ci, errUnsafeEncoding()); err != nil {
 				return err
 			}
@@ -228,12 +228,12 @@ func (c *conn) onCopyIn(ci *copyIn, typ byte, n int) error {
 	}
 	if typ == clientCopyDone && !ci.failed {
 		// CopyDone: a last row without a line end gets its keys first.
-		out, err := ci.filler.finish(s.outBuf[:0])
+		out, err := ci.filler.finish(ss.outBuf[:0])
 		if err != nil {
 			err = c.failCopy(ci, err)
 		} else if len(out) > 0 {
 			err = c.send(clientCopyData, out)
-			s.outBuf = keepSmall(out)
+			ss.outBuf = keepSmall(out)
 		}
 		if err != nil || ci.failed {
 			c.endCopyIn(ci)
@@ -250,11 +250,11 @@ func (c *conn) onCopyIn(ci *copyIn, typ byte, n int) error {
 	if ci.failed {
 		return nil
 	}
-	out, err := ci.filler.feed(s.outBuf[:0], body)
+	out, err := ci.filler.feed(ss.outBuf[:0], body)
 	if err != nil {
 		return c.failCopy(ci, err)
 	}
-	s.outBuf = keepSmall(out)
+	ss.outBuf = keepSmall(out)
 	if len(out) == 0 {
 		return nil
 	}
@@ -263,18 +263,18 @@ func (c *conn) onCopyIn(ci *copyIn, typ byte, n int) error {
 
 // endCopyIn ends the session's filled COPY ci.
 func (c *conn) endCopyIn(ci *copyIn) {
-	s := &c.sess
-	s.mu.Lock()
-	if s.copyIn == ci {
-		s.copyIn = nil
+	ss := &c.sess
+	ss.mu.Lock()
+	if ss.copyIn == ci {
+		ss.copyIn = nil
 	}
-	s.mu.Unlock()
+	ss.mu.Unlock()
 }
 
 // failCopy fails a filled COPY with a CopyFail of the proxy's own: the server rolls the
 // whole COPY back, and the client gets the proxy's reason in place of the server's error.
 func (c *conn) failCopy(ci *copyIn, err error) error {
-	s := &c.sess
+	ss := &c.sess
 	ci.failed = true
 	c.log.WithError(err).Debug("failing a COPY whose rows get keys")
 	r := errorResponse(err)
@@ -282,11 +282,11 @@ func (c *conn) failCopy(ci *copyIn, err error) error {
 		r = errorResponse(&rewrite.Error{Code: sqlstate.BadCopyFileFormat, Message: err.Error(),
 			Hint: "COPY … (FORMAT binary) data must be in PostgreSQL's binary COPY format."})
 	}
-	s.mu.Lock()
-	if s.copyIn == ci { // else the COPY's cycle is over, and the server's word stands
+	ss.mu.Lock()
+	if ss.copyIn == ci { // else the COPY's cycle is over, and the server's word stands
 		ci.cy.copyFailure = r
 	}
-	s.mu.Unlock()
+	ss.mu.Unlock()
 	return c.send(clientCopyFail, append(asciiOnly([]byte("leafproxy: "+err.Error())), 0))
 }
 
@@ -305,10 +305,10 @@ func asciiOnly(b []byte) []byte {
 // proxy's own error that says why: an ID source's SQLSTATE (42704, 55000, 58000) or
 // 22P04, rather than the server's 57014.
 func (c *conn) copyFailure(body []byte) *refusal {
-	s := &c.sess
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	cy := s.headLocked()
+	ss := &c.sess
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	cy := ss.headLocked()
 	if cy == nil || cy.copyFailure.msg == nil || !bytes.Equal(errorField(body, fieldCode), []byte(sqlstate.QueryCanceled)) {
 		return nil
 	}
@@ -321,10 +321,10 @@ func (c *conn) copyFailure(body []byte) *refusal {
 // stripCopyKeys removes the key columns a filled COPY added from its CopyInResponse, so
 // that the client sees the columns it listed.
 func (c *conn) stripCopyKeys(body []byte) []byte {
-	s := &c.sess
-	s.mu.Lock()
-	ci, head := s.copyIn, s.headLocked()
-	s.mu.Unlock()
+	ss := &c.sess
+	ss.mu.Lock()
+	ci, head := ss.copyIn, ss.headLocked()
+	ss.mu.Unlock()
 	if ci == nil || ci.cy != head || len(body) < 3 {
 		return body
 	}

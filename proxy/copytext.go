@@ -22,20 +22,20 @@ func (c *conn) noteParameterStatus(body []byte) {
 	}
 	switch name {
 	case "client_encoding":
-		c.unsafeEncoding.Store(rewrite.UnsafeCopyEncoding(value))
+		c.server.unsafeEncoding.Store(rewrite.UnsafeCopyEncoding(value))
 	case "DateStyle":
-		c.timeParams.iso = strings.HasPrefix(value, "ISO")
+		c.server.timeParams.iso = strings.HasPrefix(value, "ISO")
 	case "TimeZone":
 		loc, err := time.LoadLocation(value)
 		if err != nil {
 			loc = nil // a zone Go does not know: the server prints the timestamps
 		}
-		c.timeParams.loc = loc
+		c.server.timeParams.loc = loc
 	default:
 		return
 	}
-	tf := c.timeParams
-	c.timeFormat.Store(&tf)
+	tf := c.server.timeParams
+	c.server.timeFormat.Store(&tf)
 }
 
 // errUnsafeEncoding refuses a text or CSV COPY that the proxy would fill in an encoding

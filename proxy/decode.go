@@ -61,7 +61,7 @@ func (c *conn) decodeRow(b []byte, d *rewrite.Decode, id int64, binaryFormat boo
 		// Microseconds since 2000-01-01 00:00:00 UTC.
 		ts = binary.BigEndian.AppendUint64(nil, uint64((millis-946684800000)*1000))
 	} else {
-		tf := c.timeFormat.Load()
+		tf := c.server.timeFormat.Load()
 		if tf == nil || !tf.iso || tf.loc == nil {
 			return b, false
 		}

@@ -1,5 +1,5 @@
 // Package proxy is leafproxy's PostgreSQL wire-protocol server in session mode: every client
-// connection gets its own upstream connection, held until the client leaves.
+// connection (a session) gets its own server connection, held until the client leaves.
 //
 // The proxy is invisible to clients: startup parameters and authentication (trust, md5,
 // SCRAM-SHA-256) are relayed so that the database alone decides who gets in, and every
@@ -51,4 +51,83 @@
 //
 // A Server is configured through exported fields, like net/http.Server, and stopped with
 // Shutdown (graceful) or Close.
+//
+// # Words
+//
+//   - session: one client connection from its startup packet to its end, with what the
+//     proxy keeps of the client's side of the protocol (type conn): messages the client
+//     still awaits, the rewriting bookkeeping, the cancel key the client was given.
+//   - server connection: one connection to the database server (type serverConn): its
+//     socket, reader and writer, and what the server reports on it (transaction status,
+//     ParameterStatus values, BackendKeyData). A session holds one; nothing the server
+//     connection knows lives in the session, so that it could be given back.
+//   - engine: what runs a session's handlers over its sockets, one message at a time: a
+//     goroutine pair (one goroutine per direction) or an event loop (many sessions on one
+//     goroutine, over epoll). Both drive the same handlers, clientStep and upstreamStep.
+//   - cycle: a request cycle, a Query or the extended-protocol messages up to a Sync,
+//     which the server ends with one ReadyForQuery.
+//   - fast path: a standalone SELECT leaf_next('tag') or leaf_snowflake() (and the batch
+//     and leaf_decode forms) answered by the proxy itself, without the server.
+//   - local cycle, materialize: an extended-protocol cycle the proxy answers itself; a
+//     statement the proxy parsed locally is materialized when it must exist at the server
+//     after all (its Parse is sent there, and the server's ParseComplete is swallowed).
+//   - swallow: drop a response of the server that the client must not see, because the
+//     proxy already answered for it.
+//   - stand-in: the harmless statement that fails at the server in place of one the proxy
+//     refused, so that the server's transaction fails where PostgreSQL's would have.
+//   - detach: a handler on an event loop that must block (waiting for an ID, planning a
+//     long text) leaves the loop to a new goroutine and takes the session back when done.
+//   - hand-off: an event loop gives a session to a goroutine pair for good, for a message
+//     larger than a loop holds.
+//   - adopt: an event loop takes over an established session from the goroutine that
+//     started it.
+//   - drain: at the end of a session after a protocol error, stop writing to the client
+//     and read what it still sends until it closes, so that the error is not lost to a
+//     connection reset.
+//
+// # Files
+//
+// Sessions and their engines:
+//
+//   - server.go: Server, its listeners, session slots, Shutdown and Close.
+//   - conn.go: the session (conn): startup negotiation, TLS with the client, connecting
+//     its server connection, close.
+//   - serverconn.go: the server connection (serverConn).
+//   - upstream.go: dialing the server, upstream TLS and SSLMode.
+//   - tlstransport.go: the socket under a TLS connection, movable between engines.
+//   - auth.go: relaying authentication and the rest of the startup.
+//   - engine.go: the engine interface and what a session does once under any engine:
+//     close when idle, drain, panic recovery, the locks of its state (sessionLock); and
+//     the goroutine pair's engine.
+//   - relay.go: the handlers of one message from either side (clientStep, upstreamStep)
+//     when the proxy only passes messages on, and the end of either side.
+//   - loop_linux.go: the event loops: epoll sets, their goroutines, posting work to them.
+//   - loopsession_linux.go: a session on an event loop (loopSession, the loop's engine):
+//     adopt, reading whole messages, streaming large rows, finish, detach and reattach.
+//   - loopio_linux.go: non-blocking socket I/O for loops, and the hand-off to goroutines.
+//   - loop_other.go: no event loops where epoll is missing.
+//   - wire.go: reading and writing protocol messages; buffer sizes and limits.
+//   - msgtypes.go: the named message types (clientQuery, serverReadyForQuery, …) and
+//     transaction statuses.
+//   - encode.go: the server messages the proxy writes itself, appended without
+//     allocating.
+//   - cancel.go: CancelRequest: the registry of keys handed out, forwarding upstream.
+//
+// Rewriting (Server.Rewriter set):
+//
+//   - rewriting.go: client messages of the rewriting proxy: Query, Describe, Close, the
+//     fast path of a Query.
+//   - extended.go: Parse and Bind, hidden parameters.
+//   - responses.go: server messages of the rewriting proxy: the cycles settle, hidden
+//     parameters are stripped, the proxy's own errors placed.
+//   - cycles.go: the rewriting bookkeeping of a session: prepared statements with hidden
+//     parameters, request cycles and their undo log.
+//   - local.go: local cycles, answered by the proxy, and materialization.
+//   - refusal.go: refused statements, their stand-ins and the proxy's errors.
+//   - ids.go: the ID source (IDSource, IDProber) and waiting for an ID.
+//   - batch.go: SELECT leaf_next('tag', n).
+//   - decode.go: SELECT leaf_decode(id).
+//   - copyfill.go: keys in the rows of a binary COPY FROM STDIN; copytext.go: in text and
+//     CSV rows, and the ParameterStatus values they depend on.
+//   - swap.go: replacing the Rewriter of a running server.
 package proxy

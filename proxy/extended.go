@@ -23,10 +23,10 @@ func (c *conn) onParse(n int) error {
 // materializes that proxy-local statement: its ParseComplete is not relayed, since the
 // client already had one from the proxy.
 func (c *conn) handleParse(body []byte, mat *localStatement) error {
-	s := &c.sess
+	ss := &c.sess
 	name, rest, ok1 := cString(body)
 	if name == "" && mat == nil {
-		s.setUnnamed(nil) // the server's unnamed statement is replaced
+		ss.setUnnamed(nil) // the server's unnamed statement is replaced
 	}
 	query, rest, ok2 := cStringView(rest) // only planned: c.plan copies what it keeps
 	if !ok1 || !ok2 || !isParamTypes(rest) {
@@ -51,26 +51,26 @@ func (c *conn) handleParse(body []byte, mat *localStatement) error {
 	switch {
 	case plan.Decode != nil && plan.Decode.Param > 0:
 		// Remembered so that Bind can check the ID (see bindDecode).
-		out := appendParseText(s.outBuf[:0], name, plan, params, 0)
+		out := appendParseText(ss.outBuf[:0], name, plan, params, 0)
 		out = append(out, rest...)
-		s.outBuf = keepSmall(out)
+		ss.outBuf = keepSmall(out)
 		return c.sendParse(name, &statement{decode: plan.Decode}, plan, mat, out)
 	case len(slots) == 0:
 		// Nothing to fill per execution, but the text may still change (a PREPARE
 		// declares the hidden parameters of the statement it creates).
-		out := appendParseText(s.outBuf[:0], name, plan, params, 0)
+		out := appendParseText(ss.outBuf[:0], name, plan, params, 0)
 		out = append(out, rest...)
-		s.outBuf = keepSmall(out)
-		s.mu.Lock()
-		s.applySQLEffectsLocked(s.openLocked(), plan)
-		s.mu.Unlock()
+		ss.outBuf = keepSmall(out)
+		ss.mu.Lock()
+		ss.applySQLEffectsLocked(ss.openLocked(), plan)
+		ss.mu.Unlock()
 		return c.forwardParse(out, name)
 	case params+len(slots) > 65535:
 		return c.refuseExtended(&rewrite.Error{Code: sqlstate.ProgramLimitExceeded, Message: "too many parameters with the hidden leaf ID parameters"}, name == "")
 	}
-	out := appendParseText(s.outBuf[:0], name, plan, params, extra)
+	out := appendParseText(ss.outBuf[:0], name, plan, params, extra)
 	out = appendParamTypes(out, oids, params, slots, plan.UnreferencedParams)
-	s.outBuf = keepSmall(out)
+	ss.outBuf = keepSmall(out)
 	return c.sendParse(name, &statement{slots: slots, fast: fastStatement(plan, params)}, plan, mat, out)
 }
 
@@ -98,10 +98,10 @@ func (c *conn) hiddenSlots(plan *rewrite.Plan) (slots []rewrite.Slot, extra int,
 	if plan.Execute == nil {
 		return plan.Slots, 0, nil
 	}
-	s := &c.sess
-	s.mu.Lock()
-	prepared := s.statementLocked(plan.Execute.Name)
-	s.mu.Unlock()
+	ss := &c.sess
+	ss.mu.Lock()
+	prepared := ss.statementLocked(plan.Execute.Name)
+	ss.mu.Unlock()
 	if prepared == nil || len(prepared.slots) == 0 {
 		return plan.Slots, 0, nil
 	}
@@ -160,20 +160,20 @@ func appendParamTypes(out, oids []byte, params int, slots []rewrite.Slot, unrefe
 
 // sendParse records the statement a rewritten Parse creates and sends the Parse.
 func (c *conn) sendParse(name string, st *statement, plan *rewrite.Plan, mat *localStatement, out []byte) error {
-	s := &c.sess
-	s.mu.Lock()
-	cy := s.openLocked()
+	ss := &c.sess
+	ss.mu.Lock()
+	cy := ss.openLocked()
 	cy.sent++
-	s.setStatementLocked(cy, name, st, serverParseComplete)
+	ss.setStatementLocked(cy, name, st, serverParseComplete)
 	if mat != nil {
 		cy.swallow = append(cy.swallow, cy.sent)
-		s.localStmt = nil
-		s.unnamedGen++
+		ss.localStmt = nil
+		ss.unnamedGen++
 		u := &cy.undo[len(cy.undo)-1]
-		u.local, u.localGen = mat, s.unnamedGen
+		u.local, u.localGen = mat, ss.unnamedGen
 	}
-	s.applySQLEffectsLocked(cy, plan)
-	s.mu.Unlock()
+	ss.applySQLEffectsLocked(cy, plan)
+	ss.mu.Unlock()
 	if mat == nil {
 		c.rewritten("parse")
 	}
@@ -182,12 +182,12 @@ func (c *conn) sendParse(name string, st *statement, plan *rewrite.Plan, mat *lo
 
 // forwardParse sends a Parse unchanged; the statement it creates has no hidden parameters.
 func (c *conn) forwardParse(body []byte, name string) error {
-	s := &c.sess
-	s.mu.Lock()
-	cy := s.openLocked()
+	ss := &c.sess
+	ss.mu.Lock()
+	cy := ss.openLocked()
 	cy.sent++
-	s.setStatementLocked(cy, name, nil, serverParseComplete)
-	s.mu.Unlock()
+	ss.setStatementLocked(cy, name, nil, serverParseComplete)
+	ss.mu.Unlock()
 	return c.send(clientParse, body)
 }
 
@@ -254,17 +254,17 @@ func parseBind(body []byte) (bindMessage, string, bool) {
 // (all text) → text IDs; one (applies to all) → IDs in that format; one per parameter →
 // a text code per ID and text IDs.
 func (c *conn) onBind(n int) error {
-	s := &c.sess
-	s.mu.Lock()
-	none := len(s.stmts) == 0
-	s.mu.Unlock()
-	if none && s.unnamed() == nil {
+	ss := &c.sess
+	ss.mu.Lock()
+	none := len(ss.stmts) == 0
+	ss.mu.Unlock()
+	if none && ss.unnamed() == nil {
 		// No statement has hidden parameters: stream the Bind, however large.
-		s.countSent()
-		if err := writeHeader(c.uw, clientBind, n); err != nil {
+		ss.countSent()
+		if err := writeHeader(c.server.w, clientBind, n); err != nil {
 			return writeError{err}
 		}
-		return c.cr.copyBody(c.uw, n)
+		return c.cr.copyBody(c.server.w, n)
 	}
 	body, err := c.cr.readBody(n)
 	if err != nil {
@@ -274,18 +274,18 @@ func (c *conn) onBind(n int) error {
 }
 
 func (c *conn) handleBind(body []byte) error {
-	s := &c.sess
+	ss := &c.sess
 	stmtName, ok := bindStatement(body)
-	if ok && stmtName == "" && s.unnamed() != nil {
+	if ok && stmtName == "" && ss.unnamed() != nil {
 		if err := c.materialize(); err != nil {
 			return err
 		}
 	}
 	var st *statement
 	if ok {
-		s.mu.Lock()
-		st = s.statementLocked(stmtName)
-		s.mu.Unlock()
+		ss.mu.Lock()
+		st = ss.statementLocked(stmtName)
+		ss.mu.Unlock()
 	}
 	if st == nil {
 		return c.forwardExtended(clientBind, body)
@@ -300,7 +300,7 @@ func (c *conn) handleBind(body []byte) error {
 	if !ok || (len(m.formats) > 1 && len(m.formats) != len(m.params)) {
 		return c.forwardExtended(clientBind, body) // the server reports the malformed Bind
 	}
-	ids := s.idsBuf[:0]
+	ids := ss.idsBuf[:0]
 	for _, slot := range st.slots {
 		id, err := c.slotID(slot, func(p int) (string, error) { return bindTag(m.params, p) })
 		if err != nil {
@@ -308,14 +308,14 @@ func (c *conn) handleBind(body []byte) error {
 		}
 		ids = append(ids, id)
 	}
-	s.idsBuf = ids
+	ss.idsBuf = ids
 
-	out := appendBindParams(s.outBuf[:0], &m, len(ids))
+	out := appendBindParams(ss.outBuf[:0], &m, len(ids))
 	for _, id := range ids {
 		out = appendInt8Value(out, id, m.hiddenBinary())
 	}
 	out = append(out, m.results...)
-	s.outBuf = keepSmall(out)
+	ss.outBuf = keepSmall(out)
 	return c.forwardExtended(clientBind, out)
 }
 

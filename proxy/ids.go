@@ -69,13 +69,11 @@ func (c *conn) drawID(slot rewrite.Slot, tag string) (int64, error) {
 			return id, nil
 		}
 	}
-	if ls := c.loop.Load(); ls != nil && !ls.detached {
-		ls.detach() // this goroutine may now wait; the loop goes on without it
-	}
+	c.detach() // this goroutine may now wait; the loop goes on without it
 	// What the client sent before this statement goes to the server now rather than
 	// after the wait: it runs meanwhile, and a cancel request can reach it there. Only
 	// whole messages are buffered here (a statement's IDs are had before it is written).
-	_ = c.uw.Flush()
+	_ = c.server.w.Flush()
 	ctx, done := c.beginIDWait()
 	defer done()
 	var id int64

@@ -96,8 +96,8 @@ func fastStatement(plan *rewrite.Plan, params int) *rewrite.FastPath {
 // fromClientLocal answers a client message locally when it can, reporting whether it
 // handled the message (it may also have replayed the cycle and forwarded the message).
 func (c *conn) fromClientLocal(typ byte, n int) (bool, error) {
-	s := &c.sess
-	lc := s.local
+	ss := &c.sess
+	lc := ss.local
 	switch {
 	case lc == nil:
 		if !c.mayStartLocal(typ, n) {
@@ -125,7 +125,7 @@ func (c *conn) fromClientLocal(typ byte, n int) (bool, error) {
 		if err := c.replayLocal(); err != nil {
 			return true, err
 		}
-		if s.skip && typ != clientFlush && typ != clientTerminate {
+		if ss.skip && typ != clientFlush && typ != clientTerminate {
 			// The replay ended in a refusal: discarded up to Sync.
 			_, err := c.cr.br.Discard(n)
 			return true, unexpected(err)
@@ -140,23 +140,23 @@ func (c *conn) fromClientLocal(typ byte, n int) (bool, error) {
 		if typ == clientSync {
 			return true, c.finishLocal()
 		}
-		lc := s.local
+		lc := ss.local
 		lc.msgs = append(lc.msgs, typ)
 		lc.msgs = binary.BigEndian.AppendUint32(lc.msgs, uint32(len(body)+4))
 		lc.msgs = append(lc.msgs, body...)
 		return true, nil
 	}
-	if s.local != nil {
+	if ss.local != nil {
 		if err := c.replayLocal(); err != nil {
 			return true, err
 		}
 	}
-	if s.skip {
+	if ss.skip {
 		// The replay ended in a refusal: the messages up to Sync are discarded.
 		if typ != clientSync {
 			return true, nil
 		}
-		s.skip = false
+		ss.skip = false
 	}
 	return true, c.dispatch(typ, body)
 }
@@ -173,54 +173,54 @@ func isLocalType(typ byte) bool {
 // outstanding, the session is outside a transaction block, and the message may refer to
 // a fast-path statement.
 func (c *conn) mayStartLocal(typ byte, n int) bool {
-	s := &c.sess
-	if n > maxLocalMessage || c.pending.Load() != 0 || c.txStatus.Load() != txIdle {
+	ss := &c.sess
+	if n > maxLocalMessage || c.pending.Load() != 0 || c.server.txStatus.Load() != txIdle {
 		return false
 	}
 	switch typ {
 	case clientParse:
 	case clientBind, clientDescribe, clientClose:
-		if s.unnamed() != nil {
+		if ss.unnamed() != nil {
 			break
 		}
-		s.mu.Lock()
-		none := len(s.stmts) == 0
-		s.mu.Unlock()
+		ss.mu.Lock()
+		none := len(ss.stmts) == 0
+		ss.mu.Unlock()
 		if none {
 			return false
 		}
 	default:
 		return false
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.queue) == 0 && s.cur == nil && !s.skip
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return len(ss.queue) == 0 && ss.cur == nil && !ss.skip
 }
 
 // begin returns the local cycle, starting one.
-func (s *sessionState) begin() *localCycle {
-	if s.local == nil {
-		lc := s.localSpare
+func (ss *sessionState) begin() *localCycle {
+	if ss.local == nil {
+		lc := ss.localSpare
 		if lc == nil {
 			lc = &localCycle{}
-			s.localSpare = lc
+			ss.localSpare = lc
 		}
-		*lc = localCycle{start: s.unnamed(), msgs: keepSmall(lc.msgs), out: keepSmall(lc.out)}
-		s.local = lc
+		*lc = localCycle{start: ss.unnamed(), msgs: keepSmall(lc.msgs), out: keepSmall(lc.out)}
+		ss.local = lc
 	}
-	return s.local
+	return ss.local
 }
 
 // localOf returns what the proxy answers for the statement name, if it may.
-func (s *sessionState) localOf(name string) (localQuery, bool) {
+func (ss *sessionState) localOf(name string) (localQuery, bool) {
 	if name == "" {
-		if st := s.unnamed(); st != nil {
+		if st := ss.unnamed(); st != nil {
 			return st.localQuery, true
 		}
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if st := s.stmts[name]; st != nil {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if st := ss.stmts[name]; st != nil {
 		switch {
 		case st.fast != nil:
 			return localQuery{fast: st.fast}, true
@@ -253,7 +253,7 @@ func (c *conn) answerLocal(typ byte, body []byte) bool {
 // answerParse answers a Parse of the unnamed statement whose plan the proxy can answer
 // itself (a fast path, a batch or a decoding), creating the local statement.
 func (c *conn) answerParse(body []byte) bool {
-	s := &c.sess
+	ss := &c.sess
 	// Only the unnamed statement; parameter types only for a batch.
 	if len(body) < 1 || body[0] != 0 {
 		return false
@@ -285,8 +285,8 @@ func (c *conn) answerParse(body []byte) bool {
 	default:
 		return false
 	}
-	lc := s.begin()
-	s.setUnnamed(&localStatement{localQuery: q, parse: append([]byte(nil), body...)})
+	lc := ss.begin()
+	ss.setUnnamed(&localStatement{localQuery: q, parse: append([]byte(nil), body...)})
 	lc.out = appendEmpty(lc.out, serverParseComplete)
 	return true
 }
@@ -294,7 +294,7 @@ func (c *conn) answerParse(body []byte) bool {
 // answerBind answers a Bind of a local statement into the unnamed portal. A batch draws
 // its IDs here, and leaf_decode makes its row, as the server would run them at Bind.
 func (c *conn) answerBind(body []byte) bool {
-	s := &c.sess
+	ss := &c.sess
 	m, stmt, ok := parseBind(body)
 	if !ok || string(m.head[:1]) != "\x00" || (len(m.formats) > 1 && len(m.formats) != len(m.params)) {
 		return false
@@ -307,7 +307,7 @@ func (c *conn) answerBind(body []byte) bool {
 	default:
 		return false // the server reports what is wrong with it
 	}
-	q, ok := s.localOf(stmt)
+	q, ok := ss.localOf(stmt)
 	if !ok || len(m.params) != len(q.params) {
 		return false // the server reports a wrong number of parameters
 	}
@@ -324,7 +324,7 @@ func (c *conn) answerBind(body []byte) bool {
 			}
 		}
 	}
-	lc := s.begin()
+	lc := ss.begin()
 	if argErr != nil {
 		c.failLocal(lc, argErr)
 		return true
@@ -340,7 +340,7 @@ func (c *conn) answerBind(body []byte) bool {
 
 // answerDescribe answers a Describe of a local statement or of the local portal.
 func (c *conn) answerDescribe(body []byte) bool {
-	s := &c.sess
+	ss := &c.sess
 	if len(body) < 2 {
 		return false
 	}
@@ -350,18 +350,18 @@ func (c *conn) answerDescribe(body []byte) bool {
 	}
 	switch body[0] {
 	case targetStatement:
-		q, ok := s.localOf(name)
+		q, ok := ss.localOf(name)
 		if !ok {
 			return false
 		}
-		lc := s.begin()
+		lc := ss.begin()
 		lc.out = appendParameterDescription(lc.out, q.params)
 		lc.out = q.appendDescription(lc.out, false)
 	case targetPortal:
-		if name != "" || s.local == nil || s.local.portal == nil {
+		if name != "" || ss.local == nil || ss.local.portal == nil {
 			return false
 		}
-		lc := s.local
+		lc := ss.local
 		lc.out = lc.portal.appendDescription(lc.out, lc.portal.binary)
 	default:
 		return false
@@ -372,11 +372,11 @@ func (c *conn) answerDescribe(body []byte) bool {
 // answerExecute answers an Execute of the local portal: its rows, then CommandComplete,
 // or PortalSuspended when the rows filled the fetch.
 func (c *conn) answerExecute(body []byte) bool {
-	s := &c.sess
-	if len(body) != 5 || body[0] != 0 || s.local == nil || s.local.portal == nil {
+	ss := &c.sess
+	if len(body) != 5 || body[0] != 0 || ss.local == nil || ss.local.portal == nil {
 		return false
 	}
-	lc := s.local
+	lc := ss.local
 	p := lc.portal
 	maxRows := int32(binary.BigEndian.Uint32(body[1:]))
 	switch {
@@ -431,24 +431,24 @@ func (c *conn) failLocal(lc *localCycle, err error) {
 
 // answerClose answers a Close of the local unnamed statement or of the local portal.
 func (c *conn) answerClose(body []byte) bool {
-	s := &c.sess
+	ss := &c.sess
 	if len(body) != 2 || body[1] != 0 {
 		return false
 	}
 	switch body[0] {
 	case targetStatement:
-		if s.unnamed() == nil {
+		if ss.unnamed() == nil {
 			return false // the server's unnamed statement
 		}
-		lc := s.begin()
-		s.setUnnamed(nil)
+		lc := ss.begin()
+		ss.setUnnamed(nil)
 		lc.out = appendEmpty(lc.out, serverCloseComplete)
 	case targetPortal:
-		if s.local == nil || s.local.portal == nil {
+		if ss.local == nil || ss.local.portal == nil {
 			return false
 		}
-		s.local.portal = nil
-		s.local.out = appendEmpty(s.local.out, serverCloseComplete)
+		ss.local.portal = nil
+		ss.local.out = appendEmpty(ss.local.out, serverCloseComplete)
 	default:
 		return false
 	}
@@ -459,11 +459,11 @@ func (c *conn) answerClose(body []byte) bool {
 // transaction status: nothing is queued or outstanding upstream, so the status is
 // current, and the transaction has not failed (the server must report 25P02).
 func (c *conn) mayAnswerQuery() (tx uint32, ok bool) {
-	s := &c.sess
-	s.mu.Lock()
-	idle := len(s.queue) == 0 && s.cur == nil
-	s.mu.Unlock()
-	tx = c.txStatus.Load()
+	ss := &c.sess
+	ss.mu.Lock()
+	idle := len(ss.queue) == 0 && ss.cur == nil
+	ss.mu.Unlock()
+	tx = c.server.txStatus.Load()
 	return tx, idle && c.pending.Load() == 0 && tx != txFailed
 }
 
@@ -489,9 +489,9 @@ func (c *conn) answerQueryError(err error) error {
 
 // finishLocal ends a local cycle at Sync: the responses and a ReadyForQuery go out.
 func (c *conn) finishLocal() error {
-	s := &c.sess
-	lc := s.local
-	s.local = nil
+	ss := &c.sess
+	lc := ss.local
+	ss.local = nil
 	c.cwMu.Lock()
 	defer c.cwMu.Unlock()
 	err := c.writeLocalLocked(lc.out)
@@ -518,17 +518,17 @@ func (c *conn) flushLocal() error {
 // replayLocal turns the local cycle into an upstream one: the proxy's responses are
 // dropped and the client's messages are handled as if they had just arrived.
 func (c *conn) replayLocal() error {
-	s := &c.sess
-	lc := s.local
-	s.local = nil
-	s.setUnnamed(lc.start)
+	ss := &c.sess
+	lc := ss.local
+	ss.local = nil
+	ss.setUnnamed(lc.start)
 	msgs := lc.msgs
 	for len(msgs) > 0 {
 		typ := msgs[0]
 		n := int(binary.BigEndian.Uint32(msgs[1:])) - 4
 		body := msgs[5 : 5+n]
 		msgs = msgs[5+n:]
-		if s.skip {
+		if ss.skip {
 			continue // after a refusal, up to Sync
 		}
 		if err := c.dispatch(typ, body); err != nil {
@@ -563,7 +563,7 @@ func (c *conn) dispatch(typ byte, body []byte) error {
 // materialize creates the local unnamed statement at the server, ahead of a message of
 // an upstream cycle that refers to it.
 func (c *conn) materialize() error {
-	s := &c.sess
-	st := s.unnamed()
+	ss := &c.sess
+	st := ss.unnamed()
 	return c.handleParse(st.parse, st)
 }

@@ -6,12 +6,14 @@ package proxy
 
 type loopGroup struct{}
 
-type loopSession struct{ detached bool }
+// loopSession is never made here: conn.loop stays nil, and engine() returns the pair.
+type loopSession struct{}
 
 func (s *Server) adopt(*conn) bool { return false }
 
 func (*loopGroup) running() int { return 0 }
 
-func (*loopSession) startDrain()         {}
-func (*loopSession) requestCloseIfIdle() {}
-func (*loopSession) detach()             {}
+func (*loopSession) whenQuiet(func() bool) {}
+func (*loopSession) drainClient()          {}
+func (*loopSession) detach()               {}
+func (*loopSession) abort()                {}

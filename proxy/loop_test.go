@@ -692,7 +692,7 @@ func TestLoopCloseBeforeTLSTakeover(t *testing.T) {
 	seen := make(chan []*tlsTransport, 1)
 	testHookBeforeTakeover = func(c *conn) {
 		var transports []*tlsTransport
-		for _, nc := range []net.Conn{c.client, c.upstream} {
+		for _, nc := range []net.Conn{c.client, c.server.nc} {
 			transports = append(transports, nc.(*tls.Conn).NetConn().(*tlsTransport))
 		}
 		c.close()

@@ -211,18 +211,20 @@ func (ls *loopSession) handOff() {
 		c.close()
 		return
 	}
+	// Two goroutines serve the session from now on; none runs yet.
+	c.singleGoroutine(false)
 	clientStream, clientWriter := ls.client.resume(client)
 	upstreamStream, upstreamWriter := ls.upstream.resume(upstream)
 	c.cwMu.Lock()
 	c.cr.br = carryOver(c.cr.br, &ls.client.in, clientStream)
-	c.ur.br = carryOver(c.ur.br, &ls.upstream.in, upstreamStream)
-	c.cw, c.uw = clientWriter, upstreamWriter
+	c.server.r.br = carryOver(c.server.r.br, &ls.upstream.in, upstreamStream)
+	c.cw, c.server.w = clientWriter, upstreamWriter
 	c.cwMu.Unlock()
 
 	c.mu.Lock()
 	closed := c.closed
 	if !closed {
-		c.client, c.upstream = clientStream, upstreamStream
+		c.client, c.server.nc = clientStream, upstreamStream
 		c.loop.Store(nil)
 	}
 	c.mu.Unlock()
@@ -232,15 +234,7 @@ func (ls *loopSession) handOff() {
 		return
 	}
 	c.log.Debug("session handed from its event loop to goroutines for a large message")
-	go func() {
-		defer c.close()
-		defer func() {
-			if r := recover(); r != nil {
-				c.log.WithField("panic", r).Error("connection handler panicked")
-			}
-		}()
-		c.relay()
-	}()
+	go c.relay()
 }
 
 // fileConn turns a socket descriptor the loop owns into a net.Conn; the descriptor is

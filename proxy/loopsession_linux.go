@@ -46,9 +46,7 @@ type loopSession struct {
 	endOnBack bool      // a teardown came while detached
 	queued    bool      // in loop.again
 	finishing bool      // ending: waiting for output to drain (or for the client to close)
-	draining  bool      // discard the client's input until it closes (see drainClient)
-	shutWrite bool      // the client socket's write side is shut (draining)
-	drained   int       // bytes discarded while draining
+	draining  bool      // the client is drained once the output has gone out (see drain)
 	deadline  time.Time // when finishing gives up waiting
 	streaming int       // body bytes of an upstream message still to stream to the client
 }
@@ -74,16 +72,18 @@ type loopEnd struct {
 // the loop reads and writes the same TLS connections over its duplicates of the sockets.
 func (s *Server) adopt(c *conn) bool {
 	clientSock, clientTLS, ok1 := loopSocket(c.client)
-	upstreamSock, upstreamTLS, ok2 := loopSocket(c.upstream)
+	upstreamSock, upstreamTLS, ok2 := loopSocket(c.server.nc)
 	if s.GoroutineRelay || !ok1 || !ok2 {
 		return false
 	}
 	if _, ok := s.IDs.(IDProber); s.Rewriter != nil && !ok {
 		return false
 	}
-	c.cwMu.Lock()
-	defer c.cwMu.Unlock()
-	if c.cw.Flush() != nil || c.uw.Flush() != nil {
+	// The real mutex: whoever else holds it (Shutdown's closeIfIdle) is done before the
+	// session changes hands, and looks at c.loop again once it has it.
+	c.cwMu.mu.Lock()
+	defer c.cwMu.mu.Unlock()
+	if c.cw.Flush() != nil || c.server.w.Flush() != nil {
 		return false
 	}
 	l, err := s.loops.assign(s.eventLoops())
@@ -104,13 +104,13 @@ func (s *Server) adopt(c *conn) bool {
 	}
 	ls := &loopSession{c: c, loop: l}
 	ls.client.init(ls, cfd, clientTLS, c.cr.br)
-	ls.upstream.init(ls, ufd, upstreamTLS, c.ur.br)
+	ls.upstream.init(ls, ufd, upstreamTLS, c.server.r.br)
 	// The session's buffers move over with it (their unread input was copied above and
 	// their output flushed): a new connection costs four buffers, not eight.
 	c.cr.br.Reset(&ls.client.in)
-	c.ur.br.Reset(&ls.upstream.in)
+	c.server.r.br.Reset(&ls.upstream.in)
 	c.cw.Reset(ls.client.out())
-	c.uw.Reset(ls.upstream.out())
+	c.server.w.Reset(ls.upstream.out())
 
 	if testHookBeforeTakeover != nil {
 		testHookBeforeTakeover(c)
@@ -128,8 +128,10 @@ func (s *Server) adopt(c *conn) bool {
 	ls.client.attachTLS()
 	ls.upstream.attachTLS()
 	c.client = &loopConn{ls: ls, local: clientSock.LocalAddr(), remote: clientSock.RemoteAddr()}
-	c.upstream = &loopConn{ls: ls, local: upstreamSock.LocalAddr(), remote: upstreamSock.RemoteAddr()}
+	c.server.nc = &loopConn{ls: ls, local: upstreamSock.LocalAddr(), remote: upstreamSock.RemoteAddr()}
 	c.loop.Store(ls)
+	// From now on only the loop's goroutine (or a handler it detached) runs the session.
+	c.singleGoroutine(true)
 	// Posted under c.mu: a close that follows posts its teardown after the registration.
 	l.post(ls.register)
 	c.mu.Unlock()
@@ -280,7 +282,7 @@ func (ls *loopSession) process() {
 	if ls.dead || ls.detached {
 		return
 	}
-	defer ls.recoverPanic()
+	defer ls.c.recoverPanic()
 	if ls.finishing {
 		ls.finishStep()
 		return
@@ -295,7 +297,7 @@ func (ls *loopSession) process() {
 			}
 			r := &c.cr
 			if side == &ls.upstream {
-				r = &c.ur
+				r = &c.server.r
 				if ls.streaming > 0 {
 					streamed, failed := ls.stream()
 					if failed {
@@ -395,11 +397,11 @@ func (ls *loopSession) whole(r *msgReader, in *endReader) (ready, tooLarge bool)
 // any other message, and for one over the message size limit, which the handler reports.
 func (ls *loopSession) startStream() bool {
 	c := ls.c
-	typ, n, err := c.ur.peekHeader()
+	typ, n, err := c.server.r.peekHeader()
 	if err != nil || (typ != serverDataRow && typ != serverCopyData) {
 		return false
 	}
-	_, _ = c.ur.br.Discard(5)
+	_, _ = c.server.r.br.Discard(5)
 	c.cwMu.Lock()
 	_ = writeHeader(c.cw, typ, n) // the sink keeps a write error for the loop to act on
 	c.cwMu.Unlock()
@@ -411,7 +413,7 @@ func (ls *loopSession) startStream() bool {
 // reports whether bytes moved, and failed when the upstream ended mid-message.
 func (ls *loopSession) stream() (streamed, failed bool) {
 	c := ls.c
-	br := c.ur.br
+	br := c.server.r.br
 	if br.Buffered() == 0 {
 		if _, err := br.Peek(1); err != nil {
 			return false, !isWouldBlock(err)
@@ -427,14 +429,8 @@ func (ls *loopSession) stream() (streamed, failed bool) {
 	return true, false
 }
 
-// recoverPanic ends the session whose handler panicked: a bug in the relay must cost one
-// connection, not the loop's other sessions or the process.
-func (ls *loopSession) recoverPanic() {
-	r := recover()
-	if r == nil {
-		return
-	}
-	ls.c.log.WithField("panic", r).Error("connection handler panicked")
+// abort is the engine's: it ends the session whose handler panicked.
+func (ls *loopSession) abort() {
 	if ls.detached {
 		// This goroutine is no longer the loop's; the runner ends the session.
 		ls.loop.post(func() {
@@ -460,8 +456,8 @@ func (ls *loopSession) shrink() {
 	if c.cr.br.Size() > readBufferSize && c.cr.br.Buffered() <= readBufferSize {
 		c.cr.br = rebuffer(c.cr.br, &ls.client.in, readBufferSize)
 	}
-	if c.ur.br.Size() > readBufferSize && c.ur.br.Buffered() <= readBufferSize {
-		c.ur.br = rebuffer(c.ur.br, &ls.upstream.in, readBufferSize)
+	if c.server.r.br.Size() > readBufferSize && c.server.r.br.Buffered() <= readBufferSize {
+		c.server.r.br = rebuffer(c.server.r.br, &ls.upstream.in, readBufferSize)
 	}
 	ls.client.sink.shrink()
 	ls.upstream.sink.shrink()
@@ -472,7 +468,7 @@ func (ls *loopSession) flushWriters() {
 	c.cwMu.Lock()
 	_ = c.cw.Flush()
 	c.cwMu.Unlock()
-	_ = c.uw.Flush()
+	_ = c.server.w.Flush()
 }
 
 // rewatch tells the loop which events of the session's sockets matter now.
@@ -484,12 +480,7 @@ func (ls *loopSession) rewatch() {
 	if len(ls.upstream.sink.pending) > 0 {
 		uw |= unix.EPOLLOUT
 	}
-	switch {
-	case ls.finishing:
-		if ls.shutWrite {
-			cw |= unix.EPOLLIN
-		}
-	default:
+	if !ls.finishing {
 		if ls.mayRead(&ls.client) {
 			cw |= unix.EPOLLIN
 		}
@@ -525,32 +516,18 @@ func (ls *loopSession) finishStep() {
 		ls.teardown()
 		return
 	}
-	// drainClient in loop form: shut the write side, then discard what the client sends
-	// until it closes.
-	if !ls.shutWrite {
-		_ = unix.Shutdown(ls.client.fd, unix.SHUT_WR)
-		ls.shutWrite = true
-		_, _ = ls.c.cr.br.Discard(ls.c.cr.br.Buffered())
-		ls.client.in.held = nil
-		ls.client.src.readable = true
+	// The client's socket leaves the loop for a goroutine that drains it as a goroutine
+	// pair would, and the session ends.
+	ls.loop.remove(&ls.client)
+	nc, err := fileConn(ls.client.fd)
+	ls.client.fd = -1
+	if err == nil {
+		go func() {
+			drain(nc, nc)
+			nc.Close()
+		}()
 	}
-	var scratch [4096]byte
-	for ls.client.src.readable && ls.drained < drainLimit {
-		n, err := ls.client.src.Read(scratch[:])
-		ls.drained += n
-		if err != nil {
-			if isWouldBlock(err) {
-				break
-			}
-			ls.teardown()
-			return
-		}
-	}
-	if ls.drained >= drainLimit {
-		ls.teardown()
-		return
-	}
-	ls.rewatch()
+	ls.teardown()
 }
 
 // teardown closes the session's sockets and gives back its place in the loop.
@@ -567,7 +544,9 @@ func (ls *loopSession) teardown() {
 	l := ls.loop
 	l.remove(&ls.client)
 	l.remove(&ls.upstream)
-	unix.Close(ls.client.fd)
+	if ls.client.fd >= 0 {
+		unix.Close(ls.client.fd)
+	}
 	unix.Close(ls.upstream.fd)
 	delete(l.timed, ls)
 	ls.c.close()
@@ -575,20 +554,16 @@ func (ls *loopSession) teardown() {
 	l.group.release(l)
 }
 
-// startDrain is drainClient for a session served by a loop.
-func (ls *loopSession) startDrain() { ls.draining = true }
+// drainClient is the engine's: the client is drained once the session's output has
+// gone out (see finishStep).
+func (ls *loopSession) drainClient() { ls.draining = true }
 
-// requestCloseIfIdle is closeIfIdle for a session served by a loop: it runs on the loop.
-func (ls *loopSession) requestCloseIfIdle() {
+// whenQuiet is the engine's: f runs on the loop, between two handlers.
+func (ls *loopSession) whenQuiet(f func() bool) {
 	ls.loop.post(func() {
-		c := ls.c
-		if ls.dead || ls.detached || ls.finishing || c.txStatus.Load() != txIdle || c.pending.Load() != 0 {
-			return
+		if !ls.dead && !ls.detached && !ls.finishing && f() {
+			ls.finish()
 		}
-		c.cwMu.Lock()
-		_, _ = c.cw.Write(fatal(sqlstate.AdminShutdown, "terminating connection due to administrator command"))
-		c.cwMu.Unlock()
-		ls.finish()
 	})
 }
 

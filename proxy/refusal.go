@@ -75,20 +75,20 @@ const (
 // not be had, or planRefused or sessionConflict.
 func (c *conn) refuseQuery(err error, sql string, failedSlot int) error {
 	r := errorResponse(err)
-	s := &c.sess
-	s.mu.Lock()
-	if cy := s.cur; cy != nil {
+	ss := &c.sess
+	ss.mu.Lock()
+	if cy := ss.cur; cy != nil {
 		// An extended-protocol cycle is open: the proxy counts the Query's ReadyForQuery
 		// as that cycle's. The stand-in is then an unnamed Parse, which drops the unnamed
 		// statement as a Query does, and a Sync ends the cycle. After an error in the
 		// cycle the server skips the Parse, as it would have skipped the Query. (A Parse
 		// holds one statement: the statements before the refused one are not run.)
-		s.cur = nil
+		ss.cur = nil
 		var parse []byte
 		if !cy.failed {
-			parse = s.standInLocked(cy, r, true)
+			parse = ss.standInLocked(cy, r, true)
 		}
-		s.mu.Unlock()
+		ss.mu.Unlock()
 		c.pending.Add(1)
 		if parse != nil {
 			if err := c.send(clientParse, parse); err != nil {
@@ -97,19 +97,19 @@ func (c *conn) refuseQuery(err error, sql string, failedSlot int) error {
 		}
 		return c.send(clientSync, nil)
 	}
-	s.mu.Unlock()
+	ss.mu.Unlock()
 	out, plan := c.statementsBefore(sql, failedSlot)
 	out = append(append(out, standInSQL...), 0)
-	s.mu.Lock()
-	cy := s.openLocked()
-	s.cur = nil
+	ss.mu.Lock()
+	cy := ss.openLocked()
+	ss.cur = nil
 	cy.refusal = r
 	if plan != nil {
-		s.applySQLEffectsLocked(cy, plan)
+		ss.applySQLEffectsLocked(cy, plan)
 		// The statements before the stand-in ran if the server got as far as the stand-in.
 		cy.undo = append(cy.undo, undoEntry{noop: true, confirm: serverErrorResponse})
 	}
-	s.mu.Unlock()
+	ss.mu.Unlock()
 	c.pending.Add(1)
 	return c.send(clientQuery, out)
 }
@@ -180,29 +180,29 @@ func (c *conn) statementsBefore(sql string, failedSlot int) ([]byte, *rewrite.Pl
 // Sync. unnamed is set for a refused Parse of the unnamed statement.
 func (c *conn) refuseExtended(err error, unnamed bool) error {
 	r := errorResponse(err)
-	s := &c.sess
-	s.mu.Lock()
-	s.skip = true
-	cy := s.openLocked()
+	ss := &c.sess
+	ss.mu.Lock()
+	ss.skip = true
+	cy := ss.openLocked()
 	if cy.failed {
 		// The server already failed this cycle and skips to Sync: it would have skipped
 		// the refused message too.
-		s.mu.Unlock()
+		ss.mu.Unlock()
 		return nil
 	}
-	parse := s.standInLocked(cy, r, unnamed)
-	s.mu.Unlock()
+	parse := ss.standInLocked(cy, r, unnamed)
+	ss.mu.Unlock()
 	return c.send(clientParse, parse)
 }
 
 // standInLocked records that the stand-in Parse it returns is the next message of cy,
 // failing in the place of a message refused with r.
-func (s *sessionState) standInLocked(cy *cycle, r refusal, unnamed bool) []byte {
+func (ss *sessionState) standInLocked(cy *cycle, r refusal, unnamed bool) []byte {
 	cy.sent++
 	cy.refusal, cy.standIn = r, cy.sent
 	if unnamed {
 		// Undone unless the server gets as far as the stand-in.
-		s.setStatementLocked(cy, "", nil, serverErrorResponse)
+		ss.setStatementLocked(cy, "", nil, serverErrorResponse)
 		return standInParseUnnamed
 	}
 	cy.undo = append(cy.undo, undoEntry{noop: true, confirm: serverErrorResponse})
@@ -212,10 +212,10 @@ func (s *sessionState) standInLocked(cy *cycle, r refusal, unnamed bool) []byte 
 // upstreamError marks the oldest cycle failed and, when body is the stand-in's failure,
 // returns the proxy's refusal that the client gets in its place.
 func (c *conn) upstreamError(body []byte) *refusal {
-	s := &c.sess
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	cy := s.headLocked()
+	ss := &c.sess
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	cy := ss.headLocked()
 	if cy == nil {
 		return nil
 	}

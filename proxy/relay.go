@@ -10,32 +10,6 @@ import (
 	"github.com/leafproxy/leafproxy/internal/sqlstate"
 )
 
-// relay runs an established session: this goroutine carries the client's messages
-// upstream while a second one carries the upstream's messages to the client. Whichever
-// direction ends first closes both connections, which ends the other.
-func (c *conn) relay() {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		defer func() {
-			if r := recover(); r != nil {
-				c.log.WithField("panic", r).Error("connection handler panicked")
-				c.close()
-			}
-		}()
-		if err := c.relayToClient(); err != nil && !c.isClosed() {
-			c.log.WithError(err).Debug("upstream side ended")
-		}
-		c.close()
-	}()
-	if err := c.relayToUpstream(); err != nil && !c.isClosed() {
-		c.log.WithError(err).Debug("client side ended")
-	}
-	c.close()
-	<-done
-	c.log.Debug("session ended")
-}
-
 func (c *conn) isClosed() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -44,9 +18,9 @@ func (c *conn) isClosed() bool {
 
 // relayToUpstream forwards client messages until the client leaves.
 func (c *conn) relayToUpstream() error {
-	if c.uw.Buffered() > 0 {
+	if c.server.w.Buffered() > 0 {
 		// Output left over from an event loop that handed the session over.
-		if err := c.uw.Flush(); err != nil {
+		if err := c.server.w.Flush(); err != nil {
 			return err
 		}
 	}
@@ -68,7 +42,7 @@ func (c *conn) clientStep() (done bool, err error) {
 	}
 	err = c.fromClient(typ, n)
 	if err == nil && (typ == clientTerminate || c.cr.br.Buffered() == 0) {
-		if err = c.uw.Flush(); err != nil {
+		if err = c.server.w.Flush(); err != nil {
 			err = writeError{err}
 		}
 	}
@@ -95,10 +69,10 @@ func (c *conn) fromClient(typ byte, n int) error {
 		// whatever happens in between (errors included).
 		c.pending.Add(1)
 	}
-	if err := writeHeader(c.uw, typ, n); err != nil {
+	if err := writeHeader(c.server.w, typ, n); err != nil {
 		return writeError{err}
 	}
-	return c.cr.copyBody(c.uw, n)
+	return c.cr.copyBody(c.server.w, n)
 }
 
 // clientReadFailed ends the client side after a failed read. A client that just goes away
@@ -106,8 +80,8 @@ func (c *conn) fromClient(typ byte, n int) error {
 // backend ends quietly instead of logging an unexpected EOF.
 func (c *conn) clientReadFailed(err error) error {
 	if errors.Is(err, io.EOF) {
-		_ = writeHeader(c.uw, clientTerminate, 0)
-		_ = c.uw.Flush()
+		_ = writeHeader(c.server.w, clientTerminate, 0)
+		_ = c.server.w.Flush()
 		return nil
 	}
 	switch {
@@ -119,28 +93,6 @@ func (c *conn) clientReadFailed(err error) error {
 		c.drainClient()
 	}
 	return err
-}
-
-// Bounds of drainClient.
-const (
-	drainTimeout = time.Second
-	drainLimit   = 16 << 20
-)
-
-// drainClient ends the proxy's side of the client connection and reads what the client
-// still sends (the rest of an oversized message, say) until it closes, for a moment at
-// most: closing a socket with unread input resets the connection, and the reset can
-// destroy the error the client has not read yet.
-func (c *conn) drainClient() {
-	if ls := c.loop.Load(); ls != nil {
-		ls.startDrain()
-		return
-	}
-	if cw, ok := c.client.(interface{ CloseWrite() error }); ok {
-		_ = cw.CloseWrite()
-	}
-	_ = c.client.SetReadDeadline(time.Now().Add(drainTimeout))
-	_, _ = io.CopyN(io.Discard, c.cr.br, drainLimit)
 }
 
 func isNetError(err error) bool {
@@ -183,13 +135,13 @@ func (c *conn) relayToClient() error {
 // has ended (after a FATAL error, at the end of the stream or on an error). The client
 // buffer is flushed when no further upstream input is buffered.
 func (c *conn) upstreamStep() (done bool, err error) {
-	typ, n, err := c.ur.next()
+	typ, n, err := c.server.r.next()
 	if err != nil {
 		return true, c.upstreamReadFailed(err)
 	}
 	c.cwMu.Lock()
 	sawFatal, err := c.fromUpstream(typ, n)
-	if err == nil && c.ur.br.Buffered() == 0 {
+	if err == nil && c.server.r.br.Buffered() == 0 {
 		err = c.cw.Flush()
 	}
 	c.cwMu.Unlock()
@@ -209,18 +161,18 @@ func (c *conn) fromUpstream(typ byte, n int) (fatal bool, err error) {
 	}
 	switch typ {
 	case serverReadyForQuery:
-		body, err := c.ur.readBody(n)
+		body, err := c.server.r.readBody(n)
 		if err != nil {
 			return false, err
 		}
 		if len(body) != 1 {
 			return false, fmt.Errorf("ReadyForQuery of %d bytes", len(body))
 		}
-		c.txStatus.Store(uint32(body[0]))
+		c.server.txStatus.Store(uint32(body[0]))
 		c.pending.Add(-1)
 		return false, c.writeClient(typ, body)
 	case serverErrorResponse:
-		body, err := c.ur.readBody(n)
+		body, err := c.server.r.readBody(n)
 		if err != nil {
 			return false, err
 		}
@@ -229,7 +181,7 @@ func (c *conn) fromUpstream(typ byte, n int) (fatal bool, err error) {
 	if err := writeHeader(c.cw, typ, n); err != nil {
 		return false, err
 	}
-	return false, c.ur.copyBody(c.cw, n)
+	return false, c.server.r.copyBody(c.cw, n)
 }
 
 // upstreamReadFailed tells the client, in PostgreSQL's words, that the server went away

@@ -15,17 +15,17 @@ import (
 func (c *conn) fromUpstreamRewriting(typ byte, n int) (fatal bool, err error) {
 	switch typ {
 	case serverReadyForQuery:
-		body, err := c.ur.readBody(n)
+		body, err := c.server.r.readBody(n)
 		if err != nil {
 			return false, err
 		}
 		if len(body) != 1 {
 			return false, fmt.Errorf("ReadyForQuery of %d bytes", len(body))
 		}
-		c.txStatus.Store(uint32(body[0]))
+		c.server.txStatus.Store(uint32(body[0]))
 		return false, c.readyForQuery(body)
 	case serverErrorResponse:
-		body, err := c.ur.readBody(n)
+		body, err := c.server.r.readBody(n)
 		if err != nil {
 			return false, err
 		}
@@ -40,20 +40,20 @@ func (c *conn) fromUpstreamRewriting(typ byte, n int) (fatal bool, err error) {
 		}
 		return isFatal(body), c.writeClient(typ, body)
 	case serverParameterDescription:
-		body, err := c.ur.readBody(n)
+		body, err := c.server.r.readBody(n)
 		if err != nil {
 			return false, err
 		}
 		return false, c.writeClient(typ, c.stripHidden(body))
 	case serverParameterStatus:
-		body, err := c.ur.readBody(n)
+		body, err := c.server.r.readBody(n)
 		if err != nil {
 			return false, err
 		}
 		c.noteParameterStatus(body)
 		return false, c.writeClient(typ, body)
 	case serverCopyInResponse:
-		body, err := c.ur.readBody(n)
+		body, err := c.server.r.readBody(n)
 		if err != nil {
 			return false, err
 		}
@@ -62,24 +62,24 @@ func (c *conn) fromUpstreamRewriting(typ byte, n int) (fatal bool, err error) {
 		serverRowDescription, serverCommandComplete, serverEmptyQueryResponse, serverPortalSuspended:
 		// The one response that ends a Parse, Bind, Close, Describe or Execute.
 		if !c.terminalResponse(typ) {
-			_, err := c.ur.br.Discard(n)
+			_, err := c.server.r.br.Discard(n)
 			return false, unexpected(err)
 		}
 	}
 	if err := writeHeader(c.cw, typ, n); err != nil {
 		return false, err
 	}
-	return false, c.ur.copyBody(c.cw, n)
+	return false, c.server.r.copyBody(c.cw, n)
 }
 
 // terminalResponse counts a response that ends one message of the oldest cycle and
 // reports whether it goes to the client: the ParseComplete of a materialized local
 // statement does not, since the client already had the proxy's.
 func (c *conn) terminalResponse(typ byte) bool {
-	s := &c.sess
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	cy := s.headLocked()
+	ss := &c.sess
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	cy := ss.headLocked()
 	if cy == nil {
 		return true
 	}
@@ -97,16 +97,16 @@ func (c *conn) terminalResponse(typ byte) bool {
 // stripHidden removes the hidden parameters of the described statement from a
 // ParameterDescription, so the client sees the parameters it wrote.
 func (c *conn) stripHidden(body []byte) []byte {
-	s := &c.sess
-	s.mu.Lock()
+	ss := &c.sess
+	ss.mu.Lock()
 	hidden := 0
-	if cy := s.headLocked(); cy != nil {
+	if cy := ss.headLocked(); cy != nil {
 		if cy.paramDescs < len(cy.describes) {
 			hidden = cy.describes[cy.paramDescs]
 		}
 		cy.paramDescs++
 	}
-	s.mu.Unlock()
+	ss.mu.Unlock()
 	if hidden == 0 || len(body) < 2 {
 		return body
 	}
@@ -121,20 +121,20 @@ func (c *conn) stripHidden(body []byte) []byte {
 // readyForQuery ends the oldest cycle: the statement map settles and ReadyForQuery goes
 // out.
 func (c *conn) readyForQuery(body []byte) error {
-	s := &c.sess
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	ss := &c.sess
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
 	c.pending.Add(-1)
-	if len(s.queue) > 0 {
-		cy := s.popLocked()
-		if s.cur == cy {
-			s.cur = nil // a server-initiated end of an open cycle (should not happen)
+	if len(ss.queue) > 0 {
+		cy := ss.popLocked()
+		if ss.cur == cy {
+			ss.cur = nil // a server-initiated end of an open cycle (should not happen)
 		}
-		if s.copyIn != nil && s.copyIn.cy == cy {
-			s.copyIn = nil // the COPY failed before the client finished, or never started
+		if ss.copyIn != nil && ss.copyIn.cy == cy {
+			ss.copyIn = nil // the COPY failed before the client finished, or never started
 		}
-		s.settleLocked(cy)
-		s.recycleLocked(cy)
+		ss.settleLocked(cy)
+		ss.recycleLocked(cy)
 	}
 	return c.writeClient(serverReadyForQuery, body)
 }

@@ -17,13 +17,13 @@ import (
 
 // fromClientRewriting handles one client message whose header has been read.
 func (c *conn) fromClientRewriting(typ byte, n int) error {
-	s := &c.sess
-	if s.skip {
+	ss := &c.sess
+	if ss.skip {
 		// After a refusal the proxy behaves like the server after an error: everything
 		// up to Sync is discarded (Flush still flushes what came before).
 		switch typ {
 		case clientSync:
-			s.skip = false
+			ss.skip = false
 		case clientFlush, clientTerminate:
 		default:
 			_, err := c.cr.br.Discard(n)
@@ -31,9 +31,9 @@ func (c *conn) fromClientRewriting(typ byte, n int) error {
 		}
 	}
 	if typ == clientCopyData || typ == clientCopyDone || typ == clientCopyFail {
-		s.mu.Lock()
-		ci := s.copyIn
-		s.mu.Unlock()
+		ss.mu.Lock()
+		ci := ss.copyIn
+		ss.mu.Unlock()
 		if ci != nil {
 			return c.onCopyIn(ci, typ, n)
 		}
@@ -53,22 +53,22 @@ func (c *conn) fromClientRewriting(typ byte, n int) error {
 	case clientClose:
 		return c.onClose(n)
 	case clientExecute:
-		s.countSent()
+		ss.countSent()
 	case clientSync, clientFunctionCall:
 		c.closeCycle()
 	}
-	if err := writeHeader(c.uw, typ, n); err != nil {
+	if err := writeHeader(c.server.w, typ, n); err != nil {
 		return writeError{err}
 	}
-	return c.cr.copyBody(c.uw, n)
+	return c.cr.copyBody(c.server.w, n)
 }
 
 // send writes one message upstream.
 func (c *conn) send(typ byte, body []byte) error {
-	if err := writeHeader(c.uw, typ, len(body)); err != nil {
+	if err := writeHeader(c.server.w, typ, len(body)); err != nil {
 		return writeError{err}
 	}
-	if _, err := c.uw.Write(body); err != nil {
+	if _, err := c.server.w.Write(body); err != nil {
 		return writeError{err}
 	}
 	return nil
@@ -101,15 +101,15 @@ func (c *conn) onQuery(n int) error {
 	if err != nil {
 		return err
 	}
-	s := &c.sess
+	ss := &c.sess
 	// A Query drops the unnamed statement at the server: neither a local one nor the
 	// server's may be bound locally any more.
-	s.setUnnamed(nil)
-	s.mu.Lock()
-	if st := s.stmts[""]; st != nil && (st.fast != nil || st.local) {
-		s.stmts[""] = &statement{slots: st.slots, batch: st.batch}
+	ss.setUnnamed(nil)
+	ss.mu.Lock()
+	if st := ss.stmts[""]; st != nil && (st.fast != nil || st.local) {
+		ss.stmts[""] = &statement{slots: st.slots, batch: st.batch}
 	}
-	s.mu.Unlock()
+	ss.mu.Unlock()
 	// A view of the body, not a copy: a statement that needs no rewrite costs no
 	// allocation. It is valid until the next read from the client; c.plan and the
 	// refusal keep copies of their own.
@@ -137,23 +137,23 @@ func (c *conn) onQuery(n int) error {
 			return err
 		}
 	}
-	if x := plan.CopyFill; x != nil && x.Format.Kind != "binary" && c.unsafeEncoding.Load() {
+	if x := plan.CopyFill; x != nil && x.Format.Kind != "binary" && c.server.unsafeEncoding.Load() {
 		return c.refuseQuery(errUnsafeEncoding(), sql, planRefused)
 	}
-	out, drawn, err := c.literal(plan, s.outBuf[:0])
+	out, drawn, err := c.literal(plan, ss.outBuf[:0])
 	if err != nil {
 		return c.refuseQuery(err, strings.Clone(sql), drawn)
 	}
 	out = append(out, 0)
-	s.outBuf = keepSmall(out)
-	s.mu.Lock()
-	cy := s.openLocked()
-	s.cur = nil
-	s.applySQLEffectsLocked(cy, plan)
+	ss.outBuf = keepSmall(out)
+	ss.mu.Lock()
+	cy := ss.openLocked()
+	ss.cur = nil
+	ss.applySQLEffectsLocked(cy, plan)
 	if x := plan.CopyFill; x != nil {
-		s.copyIn = c.newCopyIn(cy, x)
+		ss.copyIn = c.newCopyIn(cy, x)
 	}
-	s.mu.Unlock()
+	ss.mu.Unlock()
 	c.pending.Add(1)
 	c.rewritten("query")
 	return c.send(clientQuery, out)
@@ -184,8 +184,8 @@ func (c *conn) plan(sql string) (*rewrite.Plan, error) {
 // leaveLoopFor detaches from an event loop before parsing a text of n bytes, when that
 // takes longer than the loop's other sessions should wait.
 func (c *conn) leaveLoopFor(n int) {
-	if ls := c.loop.Load(); ls != nil && !ls.detached && n > inlinePlanMax {
-		ls.detach()
+	if n > inlinePlanMax {
+		c.detach()
 	}
 }
 
@@ -194,14 +194,14 @@ func (c *conn) leaveLoopFor(n int) {
 // that touches a statement with hidden parameters is refused with drawn set to
 // sessionConflict.
 func (c *conn) literal(plan *rewrite.Plan, dst []byte) (out []byte, drawn int, err error) {
-	s := &c.sess
-	s.mu.Lock()
-	conflict := plan.SessionConflict(s.hasSlotsLocked)
+	ss := &c.sess
+	ss.mu.Lock()
+	conflict := plan.SessionConflict(ss.hasSlotsLocked)
 	var prepared *statement
 	if plan.Execute != nil {
-		prepared = s.statementLocked(plan.Execute.Name)
+		prepared = ss.statementLocked(plan.Execute.Name)
 	}
-	s.mu.Unlock()
+	ss.mu.Unlock()
 	if conflict != nil {
 		return nil, sessionConflict, conflict
 	}
@@ -227,8 +227,8 @@ func noParams(param int) (string, error) {
 // parameters, one per slot of that statement. tagOf returns the tag of a leaf_next($n).
 // On failure the IDs drawn before the failing slot are returned with the error.
 func (c *conn) planIDs(plan *rewrite.Plan, prepared *statement, tagOf func(int) (string, error)) ([]int64, error) {
-	s := &c.sess
-	ids := s.idsBuf[:0]
+	ss := &c.sess
+	ids := ss.idsBuf[:0]
 	for _, slot := range plan.Slots {
 		id, err := c.slotID(slot, tagOf)
 		if err != nil {
@@ -245,7 +245,7 @@ func (c *conn) planIDs(plan *rewrite.Plan, prepared *statement, tagOf func(int) 
 			ids = append(ids, id)
 		}
 	}
-	s.idsBuf = ids
+	ss.idsBuf = ids
 	return ids, nil
 }
 
@@ -263,15 +263,15 @@ func (c *conn) slotID(slot rewrite.Slot, tagOf func(int) (string, error)) (int64
 
 // applySQLEffectsLocked records what a SQL-level PREPARE or DEALLOCATE does to the
 // session's statements; a failed cycle undoes it.
-func (s *sessionState) applySQLEffectsLocked(cy *cycle, plan *rewrite.Plan) {
+func (ss *sessionState) applySQLEffectsLocked(cy *cycle, plan *rewrite.Plan) {
 	if plan.Prepare != nil && len(plan.Prepare.Slots) > 0 {
-		s.setStatementLocked(cy, plan.Prepare.Name, &statement{slots: plan.Prepare.Slots}, 0)
+		ss.setStatementLocked(cy, plan.Prepare.Name, &statement{slots: plan.Prepare.Slots}, 0)
 	}
 	if d := plan.Deallocate; d != nil {
 		if d.All {
-			s.clearStatementsLocked(cy)
+			ss.clearStatementsLocked(cy)
 		} else {
-			s.setStatementLocked(cy, d.Name, nil, 0)
+			ss.setStatementLocked(cy, d.Name, nil, 0)
 		}
 	}
 }
@@ -310,7 +310,7 @@ func (c *conn) writeLocalLocked(msgs []byte) error {
 	if _, err := c.cw.Write(msgs); err != nil {
 		return err
 	}
-	if err := c.writeClient(serverReadyForQuery, []byte{byte(c.txStatus.Load())}); err != nil {
+	if err := c.writeClient(serverReadyForQuery, []byte{byte(c.server.txStatus.Load())}); err != nil {
 		return err
 	}
 	return c.cw.Flush()
@@ -333,25 +333,25 @@ func (c *conn) onDescribe(n int) error {
 }
 
 func (c *conn) handleDescribe(body []byte) error {
-	s := &c.sess
-	if len(body) > 1 && body[0] == targetStatement && body[1] == 0 && s.unnamed() != nil {
+	ss := &c.sess
+	if len(body) > 1 && body[0] == targetStatement && body[1] == 0 && ss.unnamed() != nil {
 		if err := c.materialize(); err != nil {
 			return err
 		}
 	}
-	s.mu.Lock()
-	cy := s.openLocked()
+	ss.mu.Lock()
+	cy := ss.openLocked()
 	cy.sent++
 	if len(body) > 0 && body[0] == targetStatement {
 		hidden := 0
 		if name, _, ok := cString(body[1:]); ok {
-			if st := s.statementLocked(name); st != nil {
+			if st := ss.statementLocked(name); st != nil {
 				hidden = st.hidden()
 			}
 		}
 		cy.describes = append(cy.describes, hidden)
 	}
-	s.mu.Unlock()
+	ss.mu.Unlock()
 	return c.send(clientDescribe, body)
 }
 
@@ -364,21 +364,21 @@ func (c *conn) onClose(n int) error {
 }
 
 func (c *conn) handleClose(body []byte) error {
-	s := &c.sess
+	ss := &c.sess
 	if len(body) > 1 && body[0] == targetStatement && body[1] == 0 {
 		// The server closes whatever unnamed statement it has; the local one is gone too.
-		s.setUnnamed(nil)
+		ss.setUnnamed(nil)
 	}
-	s.mu.Lock()
-	cy := s.openLocked()
+	ss.mu.Lock()
+	cy := ss.openLocked()
 	cy.sent++
 	name, _, ok := cString(body[min(1, len(body)):])
 	if ok && len(body) > 0 && body[0] == targetStatement {
-		s.setStatementLocked(cy, name, nil, serverCloseComplete)
+		ss.setStatementLocked(cy, name, nil, serverCloseComplete)
 	} else {
 		cy.undo = append(cy.undo, undoEntry{noop: true, confirm: serverCloseComplete})
 	}
-	s.mu.Unlock()
+	ss.mu.Unlock()
 	return c.send(clientClose, body)
 }
 

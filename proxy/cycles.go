@@ -1,10 +1,6 @@
 package proxy
 
-import (
-	"sync"
-
-	"github.com/leafproxy/leafproxy/rewrite"
-)
+import "github.com/leafproxy/leafproxy/rewrite"
 
 // statement is what the proxy remembers about a prepared statement (protocol-level Parse
 // or SQL PREPARE; PostgreSQL keeps both in one namespace) that has hidden parameters:
@@ -82,7 +78,7 @@ type cycle struct {
 // sessionState is the rewriting proxy's bookkeeping of one session, shared by the two
 // relay goroutines under mu. Lock order: conn.cwMu before mu.
 type sessionState struct {
-	mu     sync.Mutex
+	mu     sessionLock
 	stmts  map[string]*statement
 	queue  []*cycle // cycles awaiting their ReadyForQuery, oldest first
 	spare  []*cycle // finished cycles kept for reuse: no allocation per request
@@ -104,26 +100,26 @@ type sessionState struct {
 }
 
 // unnamed returns the proxy-local unnamed statement, or nil.
-func (s *sessionState) unnamed() *localStatement {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.localStmt
+func (ss *sessionState) unnamed() *localStatement {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.localStmt
 }
 
 // setUnnamed changes the proxy-local unnamed statement.
-func (s *sessionState) setUnnamed(st *localStatement) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.localStmt = st
-	s.unnamedGen++
+func (ss *sessionState) setUnnamed(st *localStatement) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	ss.localStmt = st
+	ss.unnamedGen++
 }
 
 // statementLocked returns the statement named name, or nil.
-func (s *sessionState) statementLocked(name string) *statement { return s.stmts[name] }
+func (ss *sessionState) statementLocked(name string) *statement { return ss.stmts[name] }
 
 // setStatementLocked changes the statement map, logging how to undo it in cy.
-func (s *sessionState) setStatementLocked(cy *cycle, name string, st *statement, confirm byte) {
-	prev := s.stmts[name]
+func (ss *sessionState) setStatementLocked(cy *cycle, name string, st *statement, confirm byte) {
+	prev := ss.stmts[name]
 	if prev == nil && st == nil {
 		if confirm != 0 {
 			cy.undo = append(cy.undo, undoEntry{noop: true, confirm: confirm})
@@ -132,31 +128,31 @@ func (s *sessionState) setStatementLocked(cy *cycle, name string, st *statement,
 	}
 	cy.undo = append(cy.undo, undoEntry{name: name, prev: prev, confirm: confirm})
 	if st == nil {
-		delete(s.stmts, name)
+		delete(ss.stmts, name)
 		return
 	}
-	if s.stmts == nil {
-		s.stmts = make(map[string]*statement)
+	if ss.stmts == nil {
+		ss.stmts = make(map[string]*statement)
 	}
-	s.stmts[name] = st
+	ss.stmts[name] = st
 }
 
 // clearStatementsLocked forgets every statement (DEALLOCATE ALL, DISCARD ALL).
-func (s *sessionState) clearStatementsLocked(cy *cycle) {
-	if len(s.stmts) == 0 {
+func (ss *sessionState) clearStatementsLocked(cy *cycle) {
+	if len(ss.stmts) == 0 {
 		return
 	}
-	cy.undo = append(cy.undo, undoEntry{all: s.stmts})
-	s.stmts = nil
+	cy.undo = append(cy.undo, undoEntry{all: ss.stmts})
+	ss.stmts = nil
 }
 
 // hasSlotsLocked reports whether the statement name has hidden parameters; "" asks about
 // any statement.
-func (s *sessionState) hasSlotsLocked(name string) bool {
+func (ss *sessionState) hasSlotsLocked(name string) bool {
 	if name == "" {
-		return len(s.stmts) > 0
+		return len(ss.stmts) > 0
 	}
-	return s.stmts[name] != nil
+	return ss.stmts[name] != nil
 }
 
 // confirmLocked marks the next undo entry awaiting this completion message as done.
@@ -173,94 +169,94 @@ func (cy *cycle) confirmLocked(typ byte) {
 
 // settleLocked applies the end of a cycle to the statement map: changes the server did
 // not make are undone, newest first.
-func (s *sessionState) settleLocked(cy *cycle) {
+func (ss *sessionState) settleLocked(cy *cycle) {
 	if !cy.failed {
 		return
 	}
 	for i := len(cy.undo) - 1; i >= cy.confirmed; i-- {
 		u := cy.undo[i]
-		if u.local != nil && s.unnamedGen == u.localGen {
-			s.localStmt = u.local
+		if u.local != nil && ss.unnamedGen == u.localGen {
+			ss.localStmt = u.local
 		}
 		switch {
 		case u.noop:
 		case u.all != nil:
-			s.stmts = u.all
+			ss.stmts = u.all
 		case u.prev == nil:
-			delete(s.stmts, u.name)
+			delete(ss.stmts, u.name)
 		default:
-			if s.stmts == nil {
-				s.stmts = make(map[string]*statement)
+			if ss.stmts == nil {
+				ss.stmts = make(map[string]*statement)
 			}
-			s.stmts[u.name] = u.prev
+			ss.stmts[u.name] = u.prev
 		}
 	}
 }
 
 // openLocked returns the open extended-protocol cycle, starting one when there is none.
-func (s *sessionState) openLocked() *cycle {
-	if s.cur == nil {
-		s.cur = s.newCycleLocked()
-		s.queue = append(s.queue, s.cur)
+func (ss *sessionState) openLocked() *cycle {
+	if ss.cur == nil {
+		ss.cur = ss.newCycleLocked()
+		ss.queue = append(ss.queue, ss.cur)
 	}
-	return s.cur
+	return ss.cur
 }
 
 // countSent counts one more message of the open cycle that the server answers with one
 // terminal response (an Execute, say).
-func (s *sessionState) countSent() {
-	s.mu.Lock()
-	s.openLocked().sent++
-	s.mu.Unlock()
+func (ss *sessionState) countSent() {
+	ss.mu.Lock()
+	ss.openLocked().sent++
+	ss.mu.Unlock()
 }
 
 // closeCycle ends the open cycle with a message the next ReadyForQuery answers: a Sync, a
 // FunctionCall or a Query (which, sent inside an open cycle, ends it at the server too).
 func (c *conn) closeCycle() {
-	s := &c.sess
-	s.mu.Lock()
-	s.openLocked()
-	s.cur = nil
-	s.mu.Unlock()
+	ss := &c.sess
+	ss.mu.Lock()
+	ss.openLocked()
+	ss.cur = nil
+	ss.mu.Unlock()
 	c.pending.Add(1)
 }
 
 // maxSpareCycles bounds the finished cycles a session keeps for reuse.
 const maxSpareCycles = 4
 
-func (s *sessionState) newCycleLocked() *cycle {
-	if n := len(s.spare); n > 0 {
-		cy := s.spare[n-1]
-		s.spare = s.spare[:n-1]
+func (ss *sessionState) newCycleLocked() *cycle {
+	if n := len(ss.spare); n > 0 {
+		cy := ss.spare[n-1]
+		ss.spare = ss.spare[:n-1]
 		return cy
 	}
 	return &cycle{}
 }
 
 // recycleLocked keeps a finished cycle for reuse; nothing may refer to it any more.
-func (s *sessionState) recycleLocked(cy *cycle) {
-	if len(s.spare) >= maxSpareCycles {
+func (ss *sessionState) recycleLocked(cy *cycle) {
+	if len(ss.spare) >= maxSpareCycles {
 		return
 	}
 	clear(cy.undo) // drop the statements the entries point to
 	*cy = cycle{describes: cy.describes[:0], undo: cy.undo[:0], swallow: cy.swallow[:0]}
-	s.spare = append(s.spare, cy)
+	ss.spare = append(ss.spare, cy)
 }
 
 // headLocked returns the oldest cycle awaiting an answer, or nil.
-func (s *sessionState) headLocked() *cycle {
-	if len(s.queue) == 0 {
+func (ss *sessionState) headLocked() *cycle {
+	if len(ss.queue) == 0 {
 		return nil
 	}
-	return s.queue[0]
+	return ss.queue[0]
 }
 
-func (s *sessionState) popLocked() *cycle {
-	cy := s.queue[0]
+func (ss *sessionState) popLocked() *cycle {
+	cy := ss.queue[0]
 	// Shift rather than reslice so that the backing array is reused; queues are as
 	// short as the client's pipeline.
-	n := copy(s.queue, s.queue[1:])
-	s.queue[n] = nil
-	s.queue = s.queue[:n]
+	n := copy(ss.queue, ss.queue[1:])
+	ss.queue[n] = nil
+	ss.queue = ss.queue[:n]
 	return cy
 }

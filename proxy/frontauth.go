@@ -354,7 +354,7 @@ func (c *conn) loginStep(body []byte) error {
 		return c.cw.Flush()
 	}
 	if c.front.Binding == nil {
-		c.front.Binding, c.front.TLS = connBinding(c.upstream)
+		c.front.Binding, c.front.TLS = connBinding(c.server.nc)
 	}
 	resp, err := c.front.Respond(body)
 	if err != nil {
@@ -366,7 +366,7 @@ func (c *conn) loginStep(body []byte) error {
 	if err := c.writeUpstream(clientPassword, resp); err != nil {
 		return err
 	}
-	return c.uw.Flush()
+	return c.server.w.Flush()
 }
 
 // loginFailed tells the client that the proxy could not log into the database for it.

@@ -44,9 +44,9 @@ func ParsePoolMode(s string) (PoolMode, error) {
 // pooling is the server's pool of server connections in transaction mode, created at
 // the first session that needs it.
 type pooling struct {
-	once sync.Once
-	pool *pool.Pool[*physConn]
-	err  error
+	mu     sync.Mutex
+	pool   *pool.Pool[*physConn]
+	closed bool
 
 	// targets maps each key to where and how its connections log in (*poolTarget).
 	targets sync.Map
@@ -103,34 +103,74 @@ func (s *Server) transactionPooling() bool { return s.PoolMode == PoolTransactio
 
 // serverPool returns the pool of server connections, creating it on first use.
 func (s *Server) serverPool() (*pool.Pool[*physConn], error) {
-	s.pooling.once.Do(func() {
-		settings := s.Pooling
-		if settings.Log == nil {
-			settings.Log = s.logger()
-		}
-		if settings.ServerConnectTimeout == 0 {
-			settings.ServerConnectTimeout = s.dialTimeout() + s.startupTimeout()
-		}
-		s.pooling.pool, s.pooling.err = pool.New[*physConn](physConnector{s}, settings)
-	})
-	return s.pooling.pool, s.pooling.err
+	s.pooling.mu.Lock()
+	defer s.pooling.mu.Unlock()
+	if s.pooling.pool != nil {
+		return s.pooling.pool, nil
+	}
+	if s.pooling.closed {
+		return nil, pool.ErrClosed
+	}
+	p, err := pool.New[*physConn](physConnector{s}, s.poolSettings(s.Pooling))
+	if err != nil {
+		return nil, err
+	}
+	s.pooling.pool = p
+	return p, nil
+}
+
+// poolSettings fills in what the Server knows of a pool's settings.
+func (s *Server) poolSettings(settings pool.Settings) pool.Settings {
+	if settings.Log == nil {
+		settings.Log = s.logger()
+	}
+	if settings.ServerConnectTimeout == 0 {
+		settings.ServerConnectTimeout = s.dialTimeout() + s.startupTimeout()
+	}
+	return settings
+}
+
+// existingPool returns the pool of server connections, nil before the first pooled
+// session.
+func (s *Server) existingPool() *pool.Pool[*physConn] {
+	s.pooling.mu.Lock()
+	defer s.pooling.mu.Unlock()
+	return s.pooling.pool
 }
 
 // PoolStats returns the figures of every pool of server connections (transaction mode);
 // nil before the first pooled session.
 func (s *Server) PoolStats() []pool.Stats {
-	s.pooling.once.Do(func() {}) // no pool is created for a snapshot
-	if s.pooling.pool == nil {
-		return nil
+	if p := s.existingPool(); p != nil {
+		return p.Snapshot()
 	}
-	return s.pooling.pool.Snapshot()
+	return nil
 }
 
-// closePool closes the pool of server connections, if there is one.
-func (s *Server) closePool() {
-	s.pooling.once.Do(func() {})
+// ReloadPooling applies new pool settings (sizes, timeouts) to a running server: the
+// pools in use take them as pool.Pool.Reload says. PoolMode cannot change.
+func (s *Server) ReloadPooling(settings pool.Settings) error {
+	s.pooling.mu.Lock()
+	defer s.pooling.mu.Unlock()
+	settings = s.poolSettings(settings)
 	if s.pooling.pool != nil {
-		s.pooling.pool.Close()
+		if err := s.pooling.pool.Reload(settings); err != nil {
+			return err
+		}
+	}
+	s.Pooling = settings
+	return nil
+}
+
+// closePool closes the pool of server connections, if there is one; none is created
+// afterwards.
+func (s *Server) closePool() {
+	s.pooling.mu.Lock()
+	p := s.pooling.pool
+	s.pooling.closed = true
+	s.pooling.mu.Unlock()
+	if p != nil {
+		p.Close()
 	}
 }
 

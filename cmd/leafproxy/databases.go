@@ -134,6 +134,7 @@ func (a *app) reloadDatabases() {
 	a.dbs.mu.Unlock()
 	a.refreshCatalogDatabases(cfg)
 	a.proxy.SetRoutes(routesOf(cfg))
+	a.reloadPooling(cfg)
 	a.upstreamProbe.SetTarget(upstreamTarget(cfg))
 	fields := logrus.Fields{"databases": cfg.Databases.String(), "upstream": cfg.Upstream}
 	if ignored := changedSettings(old, cfg); len(ignored) > 0 {
@@ -149,7 +150,7 @@ func changedSettings(old, cfg *config.Config) []string {
 	a, b := *old, *cfg
 	var out []string
 	for _, name := range config.Names() {
-		if name == "databases" || name == "upstream" {
+		if name == "databases" || name == "upstream" || poolReloadable[name] {
 			continue
 		}
 		if !reflect.DeepEqual(fieldOf(&a, name), fieldOf(&b, name)) {
@@ -160,12 +161,19 @@ func changedSettings(old, cfg *config.Config) []string {
 }
 
 // fieldOf is the value of a setting by its YAML key.
-func fieldOf(c *config.Config, name string) any {
-	v := reflect.ValueOf(c).Elem()
+func fieldOf(c *config.Config, name string) any { return fieldByTag(reflect.ValueOf(c).Elem(), name) }
+
+// fieldByTag finds the field of a YAML key in v, looking into inlined structs.
+func fieldByTag(v reflect.Value, name string) any {
 	t := v.Type()
 	for i := 0; i < t.NumField(); i++ {
-		if t.Field(i).Tag.Get("yaml") == name {
+		switch tag := t.Field(i).Tag.Get("yaml"); {
+		case tag == name:
 			return v.Field(i).Interface()
+		case tag == ",inline":
+			if f := fieldByTag(v.Field(i), name); f != nil {
+				return f
+			}
 		}
 	}
 	return nil

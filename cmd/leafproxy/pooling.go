@@ -5,7 +5,9 @@ import (
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sirupsen/logrus"
 
+	"github.com/leafproxy/leafproxy/internal/config"
 	"github.com/leafproxy/leafproxy/proxy"
 	"github.com/leafproxy/leafproxy/proxy/pool"
 )
@@ -36,7 +38,18 @@ func (a *app) configurePooling(s *proxy.Server) error {
 		return err
 	}
 	s.PoolMode = mode
-	s.Pooling = pool.Settings{
+	s.Pooling = a.poolSettings(cfg)
+	a.pools.srv.Store(s)
+	err = a.metrics.Registry().Register(pool.NewCollector(a.pools.snapshot))
+	if are := (prometheus.AlreadyRegisteredError{}); errors.As(err, &are) {
+		err = nil
+	}
+	return err
+}
+
+// poolSettings are the pool settings of a configuration.
+func (a *app) poolSettings(cfg *config.Config) pool.Settings {
+	return pool.Settings{
 		Limits: pool.Limits{
 			PoolSize:          cfg.PoolSize,
 			MinPoolSize:       cfg.MinPoolSize,
@@ -47,10 +60,21 @@ func (a *app) configurePooling(s *proxy.Server) error {
 		MaxDBConnections: cfg.MaxDBConnections,
 		Log:              a.log,
 	}
-	a.pools.srv.Store(s)
-	err = a.metrics.Registry().Register(pool.NewCollector(a.pools.snapshot))
-	if are := (prometheus.AlreadyRegisteredError{}); errors.As(err, &are) {
-		err = nil
+}
+
+// poolReloadable names the pool settings SIGHUP applies to a running proxy; pool-mode
+// needs a restart.
+var poolReloadable = map[string]bool{
+	"pool-size": true, "min-pool-size": true, "server-idle-timeout": true, "server-lifetime": true,
+	"query-wait-timeout": true, "max-db-connections": true,
+}
+
+// reloadPooling applies the pool settings of a configuration read again on SIGHUP.
+func (a *app) reloadPooling(cfg *config.Config) {
+	if err := a.proxy.ReloadPooling(a.poolSettings(cfg)); err != nil {
+		a.log.WithError(err).Error("pool settings not reloaded")
+		return
 	}
-	return err
+	a.log.WithFields(logrus.Fields{"pool_size": cfg.PoolSize, "min_pool_size": cfg.MinPoolSize,
+		"max_db_connections": cfg.MaxDBConnections}).Info("pool settings reloaded")
 }

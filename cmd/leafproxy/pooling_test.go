@@ -4,7 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -61,5 +65,54 @@ func TestTransactionPoolWiring(t *testing.T) {
 	series := fmt.Sprintf(`leafproxy_pool_size{database=%q,user=%q}`, st.Database, st.User)
 	if v := metricValue(t, body, series); v != 3 {
 		t.Fatalf("%s = %v, want 3", series, v)
+	}
+}
+
+// TestPoolSettingsReloadOnSIGHUP: a changed pool-size applies to the running pools on
+// SIGHUP.
+func TestPoolSettingsReloadOnSIGHUP(t *testing.T) {
+	t.Parallel()
+	dsn := newStore(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	file := filepath.Join(t.TempDir(), "leafproxy.yaml")
+	write := func(size int) {
+		t.Helper()
+		text := fmt.Sprintf("pool-mode: transaction\nauth-type: trust\npool-size: %d\n", size)
+		if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(3)
+	s := startServe(t, nil, serveArgs(t, dsn, 14, "--config", file)...)
+	waitReady(s)
+	conn, err := pgx.Connect(ctx, proxyURL(t, dsn, s.listen))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	poolSize := func() int {
+		_, body := s.get("/pools", "")
+		var pools struct{ Pools []pool.Stats }
+		if err := json.Unmarshal([]byte(body), &pools); err != nil || len(pools.Pools) != 1 {
+			t.Fatalf("/pools: %v\n%s", err, body)
+		}
+		return pools.Pools[0].PoolSize
+	}
+	if n := poolSize(); n != 3 {
+		t.Fatalf("pool_size %d, want 3", n)
+	}
+	write(1)
+	if err := s.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	s.waitFor("the pool settings to be reloaded", func() bool {
+		return strings.Contains(s.log.String(), "pool settings reloaded")
+	})
+	if n := poolSize(); n != 1 {
+		t.Fatalf("pool_size %d after the reload, want 1", n)
+	}
+	if _, err := conn.Exec(ctx, "SELECT 1"); err != nil {
+		t.Fatalf("a session across the reload: %v", err)
 	}
 }

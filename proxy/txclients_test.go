@@ -693,3 +693,25 @@ func TestTxPoolCancelWhileWaiting(t *testing.T) {
 		t.Fatalf("after the cancelled wait: %d, %v", n, err)
 	}
 }
+
+// TestTxPoolLargeMessages: rows and parameters far larger than the buffers cross a
+// pooled connection whole, in both protocols.
+func TestTxPoolLargeMessages(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p := startProxy(t, db, inTransactionMode, func(s *Server) { s.Pooling.PoolSize = 1 })
+	ctx := testContext(t)
+	a := connect(t, p.url(db))
+	b := connect(t, p.url(db))
+	big := strings.Repeat("0123456789", 300_000) // 3 MB
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeCacheStatement} {
+		for _, c := range []*pgx.Conn{a, b} {
+			var got string
+			if err := c.QueryRow(ctx, "SELECT $1::text || repeat('x', 100000)", mode, big).Scan(&got); err != nil {
+				t.Fatal(err)
+			}
+			if got != big+strings.Repeat("x", 100000) {
+				t.Fatalf("%s: a row of %d bytes came back as %d bytes", mode, len(big)+100000, len(got))
+			}
+		}
+	}
+}

@@ -577,8 +577,22 @@ func (v *pooledConn) readServer(pc *physConn, p []byte) (int, error) {
 		return 0, unexpected(err)
 	}
 	v.mu.Lock()
+	defer v.mu.Unlock()
 	v.serverMessage(msg)
-	v.mu.Unlock()
+	// The messages already buffered whole go in the same turn, under one lock, until the
+	// connection is given back.
+	for v.pc == pc && !v.closed && pc.br.Buffered() >= 5 {
+		h, _ := pc.br.Peek(5)
+		n := int(binary.BigEndian.Uint32(h[1:])) - 4
+		if n < 0 || pc.br.Buffered() < 5+n {
+			break
+		}
+		// Taken off pc before it is handled: handling it may give pc back.
+		peeked, _ := pc.br.Peek(5 + n)
+		msg := append(v.rbuf[:0], peeked...)
+		_, _ = pc.br.Discard(5 + n)
+		v.serverMessage(msg)
+	}
 	return 0, nil
 }
 

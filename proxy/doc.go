@@ -120,9 +120,11 @@
 //
 //   - pooled.go: PoolMode, the Server's pool and its Connector: the pooled connections
 //     (physConn), their logins, reset and close.
-//   - txsession.go: the session in transaction mode (servePooled, pooledConn): borrowing
-//     and giving back, the client's statements prepared on each connection under names
-//     of the proxy's, the client's settings carried over.
+//   - txsession.go: the server side of a session in transaction mode (pooledConn):
+//     borrowing and giving back, the client's statements prepared on each connection
+//     under names of the proxy's.
+//   - txsettings.go: the client's settings carried from connection to connection.
+//   - txstartup.go: the startup of a session in transaction mode (servePooled).
 //   - txrefusal.go: what transaction mode refuses with 0A000.
 //
 // Rewriting (Server.Rewriter set):

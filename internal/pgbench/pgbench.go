@@ -44,6 +44,10 @@ type Endpoint struct {
 	// set, ratios compare TPS × Units, so that a batch of 1,000 IDs per transaction is
 	// compared by IDs per second with one ID per transaction.
 	Units int
+	// Unsupported names the protocol modes the endpoint cannot run, each with the reason
+	// the table prints in place of its figures (PgBouncer in transaction mode and
+	// pgbench -M prepared, say); those runs are left out.
+	Unsupported map[string]string
 }
 
 func (e Endpoint) units() float64 { return float64(max(e.Units, 1)) }
@@ -174,6 +178,9 @@ func runGroup(ctx context.Context, cfg Config, bin, dir string, g Group, modes [
 				for k := range g.Endpoints {
 					i := (k + round) % len(g.Endpoints)
 					e := g.Endpoints[i]
+					if e.Unsupported[mode] != "" {
+						continue
+					}
 					r, err := runOne(ctx, bin, dir, cfg.Duration, e, mode, clients)
 					if err != nil {
 						return results, fmt.Errorf("%s/%s/%s/%d clients: %w", g.Name, e.Name, mode, clients, err)
@@ -187,7 +194,9 @@ func runGroup(ctx context.Context, cfg Config, bin, dir string, g Group, modes [
 				}
 			}
 			for _, rs := range runs {
-				results = append(results, median(rs))
+				if len(rs) > 0 {
+					results = append(results, median(rs))
+				}
 			}
 		}
 	}
@@ -329,6 +338,13 @@ func Table(groups []Group, results []Result) string {
 			}
 			for _, e := range g.Endpoints[1:] {
 				r, ok := row[e.Name]
+				if note := e.Unsupported[k.mode]; !ok && note != "" {
+					fmt.Fprintf(&b, " %s | – |", note)
+					if e.CPU != nil {
+						b.WriteString(" – |")
+					}
+					continue
+				}
 				if !ok {
 					b.WriteString(" – | – |")
 					if e.CPU != nil {

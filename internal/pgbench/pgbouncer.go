@@ -1,6 +1,7 @@
 package pgbench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -13,12 +14,13 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
 
-// PgBouncer is a PgBouncer process in session mode in front of one PostgreSQL server,
-// configured in a temporary directory, with trust authentication.
+// PgBouncer is a PgBouncer process in front of one PostgreSQL server, configured in a
+// temporary directory.
 type PgBouncer struct {
 	Addr string // host:port it listens on
 	dir  string
@@ -29,13 +31,78 @@ type PgBouncer struct {
 // TLSFiles are a certificate and its key in PEM files.
 type TLSFiles struct{ CertFile, KeyFile string }
 
-// StartPgBouncer starts PgBouncer (session mode) in front of the server of serverURL,
-// listening on a free loopback port. When the process runs as root, PgBouncer (which
-// refuses root) runs as the postgres user. A non-empty socketDir makes PgBouncer reach
-// the server through its Unix socket in that directory instead of TCP. With tlsFiles,
-// PgBouncer requires TLS from its clients, offering that certificate, and talks TLS to
-// the server.
-func StartPgBouncer(ctx context.Context, serverURL, socketDir string, tlsFiles *TLSFiles) (*PgBouncer, error) {
+// BouncerOptions say how PgBouncer pools and authenticates. The zero value is session
+// mode with trust authentication and a pool large enough for every client.
+type BouncerOptions struct {
+	// SocketDir, when set, makes PgBouncer reach the server through its Unix socket in
+	// that directory instead of TCP.
+	SocketDir string
+	// TLS, when set, makes PgBouncer require TLS from its clients, offering that
+	// certificate, and talk TLS to the server.
+	TLS *TLSFiles
+	// PoolMode is pool_mode: "session" (the default) or "transaction".
+	PoolMode string
+	// PoolSize is default_pool_size and, in transaction mode, max_db_connections, so
+	// that the server never sees more (default 100).
+	PoolSize int
+	// MaxClients is max_client_conn (default 200).
+	MaxClients int
+	// AuthType is auth_type (default "trust"); Secrets are the userlist.txt lines, user
+	// to secret (the server URL's user with an empty secret by default).
+	AuthType string
+	Secrets  map[string]string
+}
+
+// bouncerINI renders pgbouncer.ini for a server at host:port (host may be a socket
+// directory), PgBouncer listening on listenPort and keeping its files in dir.
+func bouncerINI(o BouncerOptions, host, port string, listenPort int, dir string) string {
+	mode := cmp.Or(o.PoolMode, "session")
+	size := cmp.Or(o.PoolSize, 100)
+	ini := fmt.Sprintf(`[databases]
+* = host=%s port=%s
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = %d
+unix_socket_dir =
+auth_type = %s
+auth_file = %s
+pool_mode = %s
+max_client_conn = %d
+default_pool_size = %d
+logfile = %s
+pidfile = %s
+ignore_startup_parameters = extra_float_digits,options
+`, host, port, listenPort, cmp.Or(o.AuthType, "trust"), filepath.Join(dir, "userlist.txt"), mode,
+		cmp.Or(o.MaxClients, 200), size, filepath.Join(dir, "pgbouncer.log"), filepath.Join(dir, "pgbouncer.pid"))
+	if mode == "transaction" {
+		ini += fmt.Sprintf("max_db_connections = %d\n", size)
+	}
+	if o.TLS != nil {
+		ini += fmt.Sprintf(`client_tls_sslmode = require
+client_tls_cert_file = %s
+client_tls_key_file = %s
+server_tls_sslmode = require
+`, filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"))
+	}
+	return ini
+}
+
+// userlist renders userlist.txt: one "user" "secret" line per user, sorted, a double
+// quote inside written twice.
+func userlist(secrets map[string]string) string {
+	var b strings.Builder
+	quote := func(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+	for _, u := range slices.Sorted(maps.Keys(secrets)) {
+		fmt.Fprintf(&b, "%s %s\n", quote(u), quote(secrets[u]))
+	}
+	return b.String()
+}
+
+// StartPgBouncer starts PgBouncer in front of the server of serverURL, listening on a
+// free loopback port, as o says. When the process runs as root, PgBouncer (which refuses
+// root) runs as the postgres user.
+func StartPgBouncer(ctx context.Context, serverURL string, o BouncerOptions) (*PgBouncer, error) {
 	bin, err := exec.LookPath("pgbouncer")
 	if err != nil {
 		return nil, fmt.Errorf("pgbouncer not installed: %w", err)
@@ -48,8 +115,8 @@ func StartPgBouncer(ctx context.Context, serverURL, socketDir string, tlsFiles *
 	if err != nil {
 		return nil, fmt.Errorf("server address %q: %w", u.Host, err)
 	}
-	if socketDir != "" {
-		host = socketDir
+	if o.SocketDir != "" {
+		host = o.SocketDir
 	}
 	listenPort, err := freePort()
 	if err != nil {
@@ -60,32 +127,17 @@ func StartPgBouncer(ctx context.Context, serverURL, socketDir string, tlsFiles *
 		return nil, err
 	}
 	b := &PgBouncer{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(listenPort)), dir: dir}
-	ini := fmt.Sprintf(`[databases]
-* = host=%s port=%s
-
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = %d
-unix_socket_dir =
-auth_type = trust
-auth_file = %s
-pool_mode = session
-max_client_conn = 200
-default_pool_size = 100
-logfile = %s
-pidfile = %s
-ignore_startup_parameters = extra_float_digits,options
-`, host, port, listenPort, filepath.Join(dir, "userlist.txt"), filepath.Join(dir, "pgbouncer.log"), filepath.Join(dir, "pgbouncer.pid"))
-	user := u.User.Username()
-	if user == "" {
-		user = "postgres"
+	secrets := o.Secrets
+	if secrets == nil {
+		secrets = map[string]string{cmp.Or(u.User.Username(), "postgres"): ""}
 	}
 	files := map[string]string{
-		"userlist.txt": fmt.Sprintf("%q \"\"\n", user),
+		"userlist.txt":  userlist(secrets),
+		"pgbouncer.ini": bouncerINI(o, host, port, listenPort, dir),
 	}
-	if tlsFiles != nil {
+	if o.TLS != nil {
 		// Copies in its own directory, which PgBouncer's user owns.
-		for name, src := range map[string]string{"tls.crt": tlsFiles.CertFile, "tls.key": tlsFiles.KeyFile} {
+		for name, src := range map[string]string{"tls.crt": o.TLS.CertFile, "tls.key": o.TLS.KeyFile} {
 			pem, err := os.ReadFile(src)
 			if err != nil {
 				b.Close()
@@ -93,13 +145,7 @@ ignore_startup_parameters = extra_float_digits,options
 			}
 			files[name] = string(pem)
 		}
-		ini += fmt.Sprintf(`client_tls_sslmode = require
-client_tls_cert_file = %s
-client_tls_key_file = %s
-server_tls_sslmode = require
-`, filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"))
 	}
-	files["pgbouncer.ini"] = ini
 	for name, content := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
 			b.Close()

@@ -18,6 +18,12 @@
 //     the CPU per transaction is the cost of a connection, PostgreSQL's own (the
 //     postmaster and its ended backends) beside the hops';
 //
+//   - tx-pool: `pgbench -S` with 200 clients (-tx-clients) against the server directly (a
+//     backend per client), through leafproxy in transaction mode with a pool of 20 server
+//     connections (-pool-size) and SCRAM authentication at the proxy from an auth-file,
+//     and through PgBouncer in transaction mode with the same pool size and
+//     authentication; PgBouncer's prepared row says it cannot run it;
+//
 //   - next-id: SELECT leaf_next('bench') through leafproxy (segment engine), against
 //     SELECT nextval('bench_seq') on the server;
 //
@@ -76,11 +82,14 @@ func run() error {
 	leaf := flag.Bool("leaf", true, "add the ID rows: leaf_next vs nextval, filled INSERT vs bigserial")
 	noBouncer := flag.Bool("no-pgbouncer", false, "leave PgBouncer out")
 	goroutines := flag.Bool("goroutine-relay", false, "add a select-only column for leafproxy with its event loops turned off (a goroutine pair per session)")
-	only := flag.String("groups", "", "comma-separated groups to run (select-only, select-only-unix, select-only-tls, connect, next-id, insert, insert-durable); empty runs all")
+	only := flag.String("groups", "", "comma-separated groups to run (select-only, select-only-unix, select-only-tls, connect, tx-pool, next-id, next-batch, insert, insert-durable); empty runs all")
 	unixSocket := flag.Bool("unix", true, "add a select-only group in which the proxy and PgBouncer reach the server over its Unix socket")
 	withTLS := flag.Bool("tls", true, "add a select-only group with TLS on every leg (the server must accept TLS)")
 	durable := flag.Bool("durable", true, "add an insert group on a server with fsync, synchronous_commit and full_page_writes on (changed with ALTER SYSTEM for the group, then reset)")
 	connect := flag.Bool("connect", true, "add a connect group: pgbench -C -S, one client, a new connection per transaction, with PostgreSQL's CPU per connection (the postmaster and its ended backends) beside the proxy's and PgBouncer's")
+	txPool := flag.Bool("tx-pool", true, "add a tx-pool group: pgbench -S with -tx-clients clients direct, through leafproxy in transaction mode and through PgBouncer in transaction mode, both with pools of -pool-size server connections")
+	txClients := flag.Int("tx-clients", 200, "clients of the tx-pool group")
+	poolSize := flag.Int("pool-size", 20, "server connections of the tx-pool group's pools")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of this process (the bare relay) to this file")
 	flag.Parse()
 	if *cpuProfile != "" {
@@ -146,7 +155,12 @@ func run() error {
 		}
 		groups = append(groups, g)
 	}
-	if *unixSocket {
+	// want says whether a group is to run, so that hops of groups left out are not
+	// started (the TCP select-only group always is: the ID groups use its leafproxy).
+	want := func(name string) bool {
+		return *only == "" || len(selectGroups([]pgbench.Group{{Name: name}}, strings.Split(*only, ","))) > 0
+	}
+	if *unixSocket && want("select-only-unix") {
 		dir, err := socketDir(ctx, dbURL)
 		if err != nil {
 			return err
@@ -158,7 +172,7 @@ func run() error {
 		defer unix.stop()
 		groups = append(groups, unix.group)
 	}
-	if *withTLS {
+	if *withTLS && want("select-only-tls") {
 		dir, err := os.MkdirTemp("", "leafproxy-bench-tls-")
 		if err != nil {
 			return err
@@ -174,6 +188,14 @@ func run() error {
 		}
 		defer tlsHops.stop()
 		groups = append(groups, tlsHops.group)
+	}
+	if *txPool && want("tx-pool") {
+		g, stopTx, err := txPoolGroup(ctx, h, txPoolOptions{clients: *txClients, poolSize: *poolSize})
+		defer stopTx()
+		if err != nil {
+			return err
+		}
+		groups = append(groups, g)
 	}
 	if *leaf {
 		groups = append(groups, leafGroups(dbURL, tcp.leafproxy)...)
@@ -265,7 +287,7 @@ func (h hops) selectOnly(ctx context.Context, name, socketDir string, tlsFiles *
 		add(pgbench.Endpoint{Name: "leafproxy goroutines", URL: lg.URL(h.dbURL), CPU: lg.CPU})
 	}
 	if h.bouncer {
-		b, err := pgbench.StartPgBouncer(ctx, h.dbURL, socketDir, tlsFiles)
+		b, err := pgbench.StartPgBouncer(ctx, h.dbURL, pgbench.BouncerOptions{SocketDir: socketDir, TLS: tlsFiles})
 		if err != nil {
 			g.stop()
 			return g, err

@@ -255,3 +255,80 @@ echo "tps = 200.0 (without initial connection time)"
 		t.Errorf("results not in endpoint order: %+v", results)
 	}
 }
+
+// TestBouncerINITransactionMode: a transaction pool caps the server connections at the
+// pool size (max_db_connections as well as default_pool_size) and takes the clients and
+// authentication asked for; session mode keeps its defaults and sets no cap.
+func TestBouncerINITransactionMode(t *testing.T) {
+	ini := bouncerINI(BouncerOptions{PoolMode: "transaction", PoolSize: 20, MaxClients: 300, AuthType: "md5"},
+		"127.0.0.1", "5432", 6432, "/d")
+	for _, want := range []string{
+		"* = host=127.0.0.1 port=5432\n",
+		"listen_port = 6432\n",
+		"pool_mode = transaction\n",
+		"default_pool_size = 20\n",
+		"max_db_connections = 20\n",
+		"max_client_conn = 300\n",
+		"auth_type = md5\n",
+		"auth_file = /d/userlist.txt\n",
+	} {
+		if !strings.Contains(ini, want) {
+			t.Errorf("transaction-mode ini lacks %q:\n%s", want, ini)
+		}
+	}
+	if strings.Contains(ini, "tls") {
+		t.Errorf("ini without TLS files mentions TLS:\n%s", ini)
+	}
+	session := bouncerINI(BouncerOptions{SocketDir: "/run/pg", TLS: &TLSFiles{}}, "/run/pg", "5432", 6432, "/d")
+	for _, want := range []string{"* = host=/run/pg port=5432\n", "pool_mode = session\n", "default_pool_size = 100\n",
+		"max_client_conn = 200\n", "auth_type = trust\n", "client_tls_sslmode = require\n", "server_tls_sslmode = require\n"} {
+		if !strings.Contains(session, want) {
+			t.Errorf("session-mode ini lacks %q:\n%s", want, session)
+		}
+	}
+	if strings.Contains(session, "max_db_connections") {
+		t.Errorf("session-mode ini caps the server connections:\n%s", session)
+	}
+}
+
+func TestUserlist(t *testing.T) {
+	got := userlist(map[string]string{"bob": "md5abc", `we"ird`: "", "alice": `pa"ss`})
+	want := "\"alice\" \"pa\"\"ss\"\n\"bob\" \"md5abc\"\n\"we\"\"ird\" \"\"\n"
+	if got != want {
+		t.Fatalf("userlist\n%s\nwant\n%s", got, want)
+	}
+}
+
+// TestUnsupportedMode: an endpoint that cannot run a mode is not run in it (a pgbench
+// that fails for it would fail the whole comparison), and its cells say why.
+func TestUnsupportedMode(t *testing.T) {
+	meter := func() (time.Duration, error) { return 0, nil }
+	cfg := Config{Pgbench: fakePgbench(t), Duration: time.Second, Clients: []int{200}, Modes: []string{"simple", "prepared"}}
+	groups := []Group{{Name: "tx-pool", Endpoints: []Endpoint{
+		{Name: "direct", URL: "ok"},
+		{Name: "bouncer", URL: "ok", CPU: meter, Unsupported: map[string]string{"prepared": "cannot"}},
+	}}}
+	groups[0].Endpoints[1].URL = "fail" // would fail if run
+	groups[0].Endpoints[1].Unsupported["simple"] = "cannot"
+	results, err := Run(context.Background(), cfg, groups)
+	if err != nil {
+		t.Fatalf("run of an endpoint in a mode it cannot run: %v", err)
+	}
+	if len(results) != 2 || results[0].Endpoint != "direct" || results[1].Endpoint != "direct" {
+		t.Fatalf("results %+v, want the direct runs alone", results)
+	}
+	groups[0].Endpoints[1].URL = "ok"
+	delete(groups[0].Endpoints[1].Unsupported, "simple")
+	if results, err = Run(context.Background(), cfg, groups); err != nil || len(results) != 3 {
+		t.Fatalf("results %+v, %v, want three", results, err)
+	}
+	table := Table(groups, results)
+	for _, want := range []string{
+		"| | simple | 200 | 200 | 200 | 1.00× | 0.0 |",
+		"| | prepared | 200 | 200 | cannot | – | – |",
+	} {
+		if !strings.Contains(table, want) {
+			t.Errorf("table lacks %q:\n%s", want, table)
+		}
+	}
+}

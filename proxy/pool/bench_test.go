@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"runtime"
 	"testing"
 )
 
@@ -42,6 +43,32 @@ func BenchmarkAcquireReleaseParallel(b *testing.B) {
 				b.Error(err)
 				return
 			}
+			s.CountTransaction(1)
+			s.Release(Clean)
+		}
+	})
+}
+
+// BenchmarkAcquireReleaseWaiting is transaction pooling's shape: ten times more
+// borrowers than connections (200 over 20 on two processors), each yielding while it
+// holds one, so that most Acquires queue and are handed a connection by a Release.
+func BenchmarkAcquireReleaseWaiting(b *testing.B) {
+	p, err := New[*memConn](newMemConnector(), Settings{Limits: Limits{PoolSize: 20}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	ctx := context.Background()
+	b.SetParallelism(200 / max(runtime.GOMAXPROCS(0), 1))
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			s, err := p.Acquire(ctx, keyA)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			runtime.Gosched()
 			s.CountTransaction(1)
 			s.Release(Clean)
 		}

@@ -145,6 +145,10 @@ func (p *Pool[C]) closeLendingLocked() {
 	}
 	now := p.clock.Now()
 	for _, kp := range p.keys {
+		if kp.expiry != nil {
+			kp.expiry.Stop()
+			kp.expiry = nil
+		}
 		for w := kp.waiters.pop(); w != nil; w = kp.waiters.pop() {
 			kp.waitTime += now.Sub(w.since)
 			w.finish(nil, closedError(kp.key))

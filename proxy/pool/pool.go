@@ -67,6 +67,9 @@ type Pool[C any] struct {
 	// them.
 	closing sync.WaitGroup
 
+	// waiters recycles the waiters of Acquires that have returned.
+	waiters sync.Pool
+
 	mu      sync.Mutex
 	set     Settings
 	keys    map[Key]*keyPool[C]
@@ -93,11 +96,17 @@ type keyPool[C any] struct {
 	lim     Limits
 	idle    []*Server[C] // oldest first; lent from the end
 	waiters waitQueue[C]
-	total   int // open, opening or closing
-	opening int
-	closing int
-	lent    int
-	reset   int // given back with NeedsReset, being reset
+	// expiry is the one timer that ends the waits reaching QueryWaitTimeout, armed for
+	// expiryAt, the earliest deadline of a waiter when it was armed (nil when none is).
+	// One timer per key rather than per wait: waits are the common case when clients
+	// outnumber the connections, and all of a key's waiters share one timeout.
+	expiry   timer
+	expiryAt time.Time
+	total    int // open, opening or closing
+	opening  int
+	closing  int
+	lent     int
+	reset    int // given back with NeedsReset, being reset
 
 	retryAt time.Time     // no dial before this after a failure
 	backoff time.Duration // the pause set at the last failure
@@ -203,46 +212,93 @@ func (p *Pool[C]) acquire(ctx context.Context, key Key) (s *Server[C], fromIdle 
 		p.mu.Unlock()
 		return nil, false, err
 	}
-	w := &waiter[C]{ready: make(chan struct{}, 1), since: now}
+	w := p.newWaiter(now, kp.lim.QueryWaitTimeout)
 	kp.waiters.push(w)
-	p.serveLocked(kp.db)
-	var t timer
-	if d := kp.lim.QueryWaitTimeout; d > 0 {
-		t = p.clock.AfterFunc(d, func() { p.expire(kp, w, d) })
+	if w.timeout > 0 {
+		p.armExpiryLocked(kp, w.since.Add(w.timeout))
 	}
+	p.serveLocked(kp.db)
 	p.mu.Unlock()
 
-	select {
-	case <-w.ready:
-	case <-ctx.Done():
-		p.mu.Lock()
-		if !w.done {
-			kp.waiters.remove(w)
-			kp.waitTime += p.clock.Now().Sub(w.since)
-			w.finish(nil, ctx.Err())
-		}
-		p.mu.Unlock()
+	if done := ctx.Done(); done == nil {
 		<-w.ready
-	}
-	if t != nil {
-		t.Stop()
+	} else {
+		select {
+		case <-w.ready:
+		case <-done:
+			p.mu.Lock()
+			if !w.done {
+				kp.waiters.remove(w)
+				kp.waitTime += p.clock.Now().Sub(w.since)
+				w.finish(nil, ctx.Err())
+			}
+			p.mu.Unlock()
+			<-w.ready
+		}
 	}
 	// A connection granted at the same moment the context ended is kept: the caller
 	// checks its context anyway, and gives it back.
-	return w.srv, false, w.err
+	s, err = w.srv, w.err
+	p.freeWaiter(w)
+	return s, false, err
 }
 
-// expire ends a wait that reached QueryWaitTimeout.
-func (p *Pool[C]) expire(kp *keyPool[C], w *waiter[C], d time.Duration) {
+// newWaiter returns a waiter, a recycled one when there is one.
+func (p *Pool[C]) newWaiter(now time.Time, timeout time.Duration) *waiter[C] {
+	w, _ := p.waiters.Get().(*waiter[C])
+	if w == nil {
+		w = &waiter[C]{ready: make(chan struct{}, 1)}
+	}
+	w.since, w.timeout = now, timeout
+	return w
+}
+
+// freeWaiter recycles a finished waiter whose value its Acquire has received: it is in
+// no queue, and no timer refers to it.
+func (p *Pool[C]) freeWaiter(w *waiter[C]) {
+	*w = waiter[C]{ready: w.ready}
+	p.waiters.Put(w)
+}
+
+// armExpiryLocked makes sure kp's expiry timer fires by at, the deadline of a new waiter.
+// Deadlines grow with the queue while QueryWaitTimeout stays the same, so that this
+// arms a timer only when the key has none.
+func (p *Pool[C]) armExpiryLocked(kp *keyPool[C], at time.Time) {
+	if kp.expiry != nil {
+		if !at.Before(kp.expiryAt) {
+			return
+		}
+		kp.expiry.Stop() // a Reload shortened QueryWaitTimeout: fire earlier
+	}
+	kp.expiryAt = at
+	kp.expiry = p.clock.AfterFunc(at.Sub(p.clock.Now()), func() { p.expire(kp) })
+}
+
+// expire ends the waits of kp that reached their QueryWaitTimeout and arms the timer for
+// the earliest deadline left.
+func (p *Pool[C]) expire(kp *keyPool[C]) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if w.done {
-		return
+	kp.expiry = nil
+	now := p.clock.Now()
+	var next time.Time
+	for w := kp.waiters.head; w != nil; {
+		following := w.next
+		if deadline := w.since.Add(w.timeout); w.timeout > 0 {
+			if !deadline.After(now) {
+				kp.waiters.remove(w)
+				kp.waitTimeouts++
+				kp.waitTime += now.Sub(w.since)
+				w.finish(nil, waitTimeoutError(kp.key, w.timeout))
+			} else if next.IsZero() || deadline.Before(next) {
+				next = deadline
+			}
+		}
+		w = following
 	}
-	kp.waiters.remove(w)
-	kp.waitTimeouts++
-	kp.waitTime += p.clock.Now().Sub(w.since)
-	w.finish(nil, waitTimeoutError(kp.key, d))
+	if !next.IsZero() && !p.closed {
+		p.armExpiryLocked(kp, next)
+	}
 }
 
 // Release gives the connection back, in the state the borrower leaves it. It must be

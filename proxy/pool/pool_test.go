@@ -69,6 +69,67 @@ func TestWaitTimeoutFailsWith57014AndPoolStaysUsable(t *testing.T) {
 	mustAcquire(t, f.p, keyA).Release(Clean)
 }
 
+// TestWaitTimeoutOfEachWaiter: every waiter gets its own QueryWaitTimeout, counted from
+// when it began to wait, although the key arms one timer for all of them; a Reload that
+// shortens the timeout applies to the waits that begin afterwards, including one that
+// must end before the waiters already queued.
+func TestWaitTimeoutOfEachWaiter(t *testing.T) {
+	f := newFixture(t, Settings{Limits: Limits{PoolSize: 1, QueryWaitTimeout: 5 * time.Second}})
+	held := mustAcquire(t, f.p, keyA)
+	first := goAcquire(context.Background(), f.p, keyA)
+	waitWaiting(t, f.p, keyA, 1)
+	f.clock.Advance(3 * time.Second)
+	second := goAcquire(context.Background(), f.p, keyA)
+	waitWaiting(t, f.p, keyA, 2)
+	f.clock.Advance(2 * time.Second) // 5 s after the first began
+	if r := receive(t, first); !errors.Is(r.err, ErrWaitTimeout) {
+		t.Fatalf("first waiter: %v, want ErrWaitTimeout", r.err)
+	}
+	pending(t, second)
+
+	if err := f.p.Reload(Settings{Limits: Limits{PoolSize: 1, QueryWaitTimeout: time.Second}}); err != nil {
+		t.Fatal(err)
+	}
+	third := goAcquire(context.Background(), f.p, keyA)
+	waitWaiting(t, f.p, keyA, 2)
+	f.clock.Advance(900 * time.Millisecond) // 0.9 s after the third began
+	pending(t, second)
+	pending(t, third)
+	f.clock.Advance(200 * time.Millisecond) // 1.1 s after the third began, 3.1 s after the second
+	if r := receive(t, third); !errors.Is(r.err, ErrWaitTimeout) {
+		t.Fatalf("third waiter: %v, want ErrWaitTimeout", r.err)
+	}
+	pending(t, second)
+	f.clock.Advance(1800 * time.Millisecond) // 4.9 s after the second began
+	pending(t, second)
+	f.clock.Advance(200 * time.Millisecond)
+	if r := receive(t, second); !errors.Is(r.err, ErrWaitTimeout) {
+		t.Fatalf("second waiter: %v, want ErrWaitTimeout", r.err)
+	}
+	if st := statsOf(f.p, keyA); st.WaitTimeouts != 3 || st.ClientsWaiting != 0 {
+		t.Errorf("stats = %+v, want 3 timeouts and nobody waiting", st)
+	}
+
+	// A waiter served in time is not failed later by the timer armed for it.
+	fourth := goAcquire(context.Background(), f.p, keyA)
+	waitWaiting(t, f.p, keyA, 1)
+	held.Release(Clean)
+	r := receive(t, fourth)
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	fifth := goAcquire(context.Background(), f.p, keyA)
+	waitWaiting(t, f.p, keyA, 1)
+	f.clock.Advance(999 * time.Millisecond)
+	pending(t, fifth)
+	r.s.Release(Clean)
+	if r := receive(t, fifth); r.err != nil {
+		t.Fatalf("fifth waiter: %v", r.err)
+	} else {
+		r.s.Release(Clean)
+	}
+}
+
 func TestCancelledContextStopsTheWait(t *testing.T) {
 	f := newFixture(t, Settings{Limits: Limits{PoolSize: 1}})
 	held := mustAcquire(t, f.p, keyA)

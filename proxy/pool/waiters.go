@@ -7,6 +7,7 @@ import "time"
 type waiter[C any] struct {
 	prev, next *waiter[C]
 	since      time.Time
+	timeout    time.Duration // QueryWaitTimeout when the wait began; 0 for none
 	ready      chan struct{} // receives one value at finish
 	done       bool
 	srv        *Server[C]

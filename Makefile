@@ -55,7 +55,7 @@ docker:
 test-short:
 	$(GO) test -short -count=1 $(PKGS)
 
-## bench: Go benchmarks, then pgbench direct vs the leafproxy binary vs PgBouncer, CPU per transaction of each (BENCHFLAGS, e.g. -T 5s -rounds 3)
+## bench: Go benchmarks, then pgbench direct vs the leafproxy binary vs PgBouncer, session mode and a transaction pool (200 clients over 20 connections), CPU per transaction of each (BENCHFLAGS, e.g. -T 5s -rounds 3 -groups tx-pool)
 BENCHPKGS ?= ./idgen/... ./rewrite/ ./proxy/ ./internal/metrics/
 bench:
 	scripts/install-deps.sh --bench

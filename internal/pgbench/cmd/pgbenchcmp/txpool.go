@@ -48,6 +48,9 @@ func txPoolGroup(ctx context.Context, h hops, o txPoolOptions) (pgbench.Group, f
 			stops[i]()
 		}
 	}
+	if err := checkMaxConnections(ctx, h.dbURL, o.clients+2*o.poolSize); err != nil {
+		return g, stop, err
+	}
 	role, password, secret, dropRole, err := createBenchRole(ctx, h.dbURL)
 	if err != nil {
 		return g, stop, err
@@ -161,4 +164,26 @@ func withUser(rawURL, user, password string) (string, error) {
 	}
 	u.User = url.UserPassword(user, password)
 	return u.String(), nil
+}
+
+// checkMaxConnections fails unless the server accepts need more connections than the
+// superuser reserve, with a message saying what to raise: the direct endpoint alone opens
+// a backend per client.
+func checkMaxConnections(ctx context.Context, dbURL string, need int) error {
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	var max, reserved, used int
+	err = conn.QueryRow(ctx, `SELECT current_setting('max_connections')::int,
+		current_setting('superuser_reserved_connections')::int,
+		(SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')::int`).Scan(&max, &reserved, &used)
+	if err != nil {
+		return err
+	}
+	if free := max - reserved - used; free < need {
+		return fmt.Errorf("tx-pool needs %d connections to the server and it has %d free (max_connections %d): raise max_connections, or lower -tx-clients", need, free, max)
+	}
+	return nil
 }

@@ -150,6 +150,8 @@ type pooledConn struct {
 	rstream int       // touched by the reader only
 	rpc     *physConn // the connection rstream belongs to; reader only
 	rbuf    []byte    // the message being read; reader only
+
+	park parkState
 }
 
 func newPooledConn(c *conn, key pool.Key) *pooledConn {
@@ -471,7 +473,13 @@ func (v *pooledConn) Read(p []byte) (int, error) {
 			continue
 		}
 		if v.pc == nil || !v.readerOn {
+			if v.park.parking {
+				v.mu.Unlock()
+				return 0, errParked
+			}
+			v.park.waiting = true
 			v.cond.Wait()
+			v.park.waiting = false
 			continue
 		}
 		pc := v.pc
@@ -670,8 +678,8 @@ func (v *pooledConn) serverMessage(msg []byte) {
 // answers, is given back broken and closed; an idle one goes back to the pool.
 func (v *pooledConn) Close() error {
 	v.mu.Lock()
-	defer v.mu.Unlock()
 	if v.closed {
+		v.mu.Unlock()
 		return nil
 	}
 	v.closed = true
@@ -683,6 +691,11 @@ func (v *pooledConn) Close() error {
 		}
 	}
 	v.cond.Broadcast()
+	lot := v.park.lot
+	v.mu.Unlock()
+	if lot != nil {
+		lot.leave(v)
+	}
 	return nil
 }
 

@@ -241,7 +241,7 @@ func (c *conn) park(v *pooledConn, upDone chan error) int {
 	c.cr.br, c.cw, c.server.r.br, c.server.w = nil, nil, nil, nil
 	c.cr.body, c.server.r.body = nil, nil
 	v.mu.Lock()
-	v.rbuf, v.wbuf, v.rout, v.synth = nil, nil, nil, nil
+	v.rbuf, v.wbuf, v.obuf, v.rout, v.synth = nil, nil, nil, nil, nil
 	lot := v.park.lot
 	v.mu.Unlock()
 	if lot.park(v) {

@@ -20,9 +20,9 @@ import (
 // the lot never has to take out a descriptor that may have been closed and reused.
 type parkLot struct {
 	mu        sync.Mutex
-	run       *lotRun                    // nil while no session is in the lot
-	sessions  map[*pooledConn]struct{}   // every session that may park
-	parked    map[loopToken]*pooledConn  // by token: the parked ones
+	run       *lotRun                   // nil while no session is in the lot
+	sessions  map[*pooledConn]struct{}  // every session that may park
+	parked    map[loopToken]*pooledConn // by token: the parked ones
 	lastToken loopToken
 	scratch   []*pooledConn // the lot goroutine's copy of sessions
 }

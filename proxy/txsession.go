@@ -139,13 +139,16 @@ type pooledConn struct {
 	unnamed *clientStmt
 	params  map[string]string // lower-case name → the client's value
 
-	// Write side: a partial message, and the error that fails the cycle being discarded.
+	// Write side: a partial message, and the error that fails the cycle being discarded;
+	// obuf is the output buffer of Write, used by the writer only.
 	wbuf       []byte
+	obuf       []byte
 	discarding []byte // ErrorResponse to answer at the Sync; nil when not discarding
 
 	// Read side: bytes ready for the caller, answers of the proxy's own, and the rest of
 	// a large message streamed from pc.
 	rout    []byte
+	roff    int // bytes of rout already read; 0 when rout is empty
 	synth   []byte
 	rstream int       // touched by the reader only
 	rpc     *physConn // the connection rstream belongs to; reader only
@@ -223,28 +226,42 @@ func (v *pooledConn) Write(p []byte) (int, error) {
 		return 0, net.ErrClosed
 	}
 	v.writers++
-	v.mu.Unlock()
 	defer v.endWrite()
 
-	v.wbuf = append(v.wbuf, p...)
-	var out []byte
+	// Whole messages are handled where they are: in p, or in wbuf once a partial one
+	// has been completed there.
+	in := p
+	if len(v.wbuf) > 0 {
+		v.wbuf = append(v.wbuf, p...)
+		in = v.wbuf
+	}
+	out := v.obuf[:0]
 	var pc *physConn
 	done := 0
-	for len(v.wbuf)-done >= 5 {
-		n := int(binary.BigEndian.Uint32(v.wbuf[done+1:])) + 1
-		if n < 5 || len(v.wbuf)-done < n {
+	for len(in)-done >= 5 {
+		n := int(binary.BigEndian.Uint32(in[done+1:])) + 1
+		if n < 5 || len(in)-done < n {
 			break
 		}
 		var err error
-		out, pc, err = v.clientMessage(out, pc, v.wbuf[done:done+n])
+		out, pc, err = v.clientMessage(out, pc, in[done:done+n])
 		if err != nil {
+			v.mu.Unlock()
 			return 0, err
 		}
 		done += n
 	}
-	v.wbuf = v.wbuf[:copy(v.wbuf, v.wbuf[done:])]
+	if len(v.wbuf) > 0 {
+		v.wbuf = v.wbuf[:copy(v.wbuf, v.wbuf[done:])]
+	} else {
+		v.wbuf = append(v.wbuf, p[done:]...)
+	}
 	if len(v.wbuf) == 0 && cap(v.wbuf) > keepBufferSize {
 		v.wbuf = nil
+	}
+	v.mu.Unlock()
+	if cap(out) <= keepBufferSize {
+		v.obuf = out[:0]
 	}
 	if len(out) > 0 {
 		if _, err := pc.nc.Write(out); err != nil {
@@ -265,11 +282,10 @@ func (v *pooledConn) endWrite() {
 
 // clientMessage handles one whole message of the session, appending what pc must get to
 // out. Messages for one Write all go to one connection: one is borrowed only when none
-// is held, and none is given back while a Write is in progress.
+// is held, and none is given back while a Write is in progress. Called with mu held; it
+// lets go of it while it waits for a connection.
 func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte, *physConn, error) {
 	typ, body := msg[0], msg[5:]
-	v.mu.Lock()
-	defer v.mu.Unlock()
 	if typ == clientTerminate {
 		return out, pc, nil // a pooled connection outlives its borrowers
 	}
@@ -455,11 +471,15 @@ func (v *pooledConn) bind(out, msg []byte) []byte {
 func (v *pooledConn) Read(p []byte) (int, error) {
 	v.mu.Lock()
 	for {
-		if len(v.rout) > 0 {
-			n := copy(p, v.rout)
-			v.rout = v.rout[n:]
-			if len(v.rout) == 0 {
-				v.rout = v.rout[:0]
+		if v.roff < len(v.rout) {
+			n := copy(p, v.rout[v.roff:])
+			v.roff += n
+			if v.roff == len(v.rout) {
+				// Drained: the buffer is reused from its start.
+				v.rout, v.roff = v.rout[:0], 0
+				if cap(v.rout) > keepBufferSize {
+					v.rout = nil
+				}
 			}
 			v.mu.Unlock()
 			return n, nil

@@ -242,6 +242,7 @@ func (c *conn) park(v *pooledConn, upDone chan error) int {
 	c.cr.body, c.server.r.body = nil, nil
 	v.mu.Lock()
 	v.rbuf, v.wbuf, v.obuf, v.rout, v.synth = nil, nil, nil, nil, nil
+	v.dropWaitContext()
 	lot := v.park.lot
 	v.mu.Unlock()
 	if lot.park(v) {

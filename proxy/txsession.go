@@ -123,7 +123,12 @@ type pooledConn struct {
 	release  bool // give pc back once writers is 0
 	closed   bool
 	queries  int                     // cycles of the borrower, for the pool's figures
-	stopWait context.CancelCauseFunc // ends the wait for a server connection in progress
+	// waitCtx is the context of the waits for a server connection, kept from one wait to
+	// the next until a cancel request ends it (stopWait) or the session parks; inWait:
+	// a wait is in progress.
+	waitCtx  context.Context
+	stopWait context.CancelCauseFunc
+	inWait   bool
 
 	// Protocol state of the borrowed connection.
 	queue       []expect
@@ -170,19 +175,30 @@ func (v *pooledConn) acquire() (*pool.Server[*physConn], error) {
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithCancelCause(v.c.ctx)
-	defer cancel(nil)
 	v.mu.Lock()
-	v.stopWait = cancel
+	if v.waitCtx == nil || v.waitCtx.Err() != nil {
+		v.waitCtx, v.stopWait = context.WithCancelCause(v.c.ctx)
+	}
+	ctx := v.waitCtx
+	v.inWait = true
 	v.mu.Unlock()
 	srv, err := p.Acquire(ctx, v.key)
 	v.mu.Lock()
-	v.stopWait = nil
+	v.inWait = false
 	v.mu.Unlock()
 	if err != nil && errors.Is(context.Cause(ctx), errWaitCancelled) {
 		return nil, errWaitCancelled
 	}
 	return srv, err
+}
+
+// dropWaitContext lets go of the context of the waits for a server connection; v.mu is
+// held.
+func (v *pooledConn) dropWaitContext() {
+	if v.stopWait != nil && !v.inWait {
+		v.stopWait(nil)
+		v.waitCtx, v.stopWait = nil, nil
+	}
 }
 
 // errWaitCancelled ends a wait for a server connection that the client cancelled.
@@ -724,7 +740,7 @@ func (v *pooledConn) Close() error {
 func (v *pooledConn) cancelTarget() ([]byte, string) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if v.stopWait != nil {
+	if v.inWait && v.stopWait != nil {
 		v.stopWait(errWaitCancelled)
 	}
 	if v.pc == nil {

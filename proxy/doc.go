@@ -126,6 +126,9 @@
 //   - txsettings.go: the client's settings carried from connection to connection.
 //   - txstartup.go: the startup of a session in transaction mode (servePooled).
 //   - txrefusal.go: what transaction mode refuses with 0A000.
+//   - park.go, park_linux.go: parking idle sessions: their goroutines end and their
+//     buffers are given back, and the parking lot's epoll set watches their client
+//     sockets until they are readable.
 //
 // Rewriting (Server.Rewriter set):
 //

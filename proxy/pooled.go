@@ -47,6 +47,7 @@ type pooling struct {
 	mu     sync.Mutex
 	pool   *pool.Pool[*physConn]
 	closed bool
+	lot    *parkLot // the parked sessions (park.go); nil before the first
 
 	// targets maps each key to where and how its connections log in (*poolTarget).
 	targets sync.Map

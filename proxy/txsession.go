@@ -123,7 +123,12 @@ type pooledConn struct {
 	release  bool // give pc back once writers is 0
 	closed   bool
 	queries  int                     // cycles of the borrower, for the pool's figures
-	stopWait context.CancelCauseFunc // ends the wait for a server connection in progress
+	// waitCtx is the context of the waits for a server connection, kept from one wait to
+	// the next until a cancel request ends it (stopWait) or the session parks; inWait:
+	// a wait is in progress.
+	waitCtx  context.Context
+	stopWait context.CancelCauseFunc
+	inWait   bool
 
 	// Protocol state of the borrowed connection.
 	queue       []expect
@@ -139,17 +144,22 @@ type pooledConn struct {
 	unnamed *clientStmt
 	params  map[string]string // lower-case name → the client's value
 
-	// Write side: a partial message, and the error that fails the cycle being discarded.
+	// Write side: a partial message, and the error that fails the cycle being discarded;
+	// obuf is the output buffer of Write, used by the writer only.
 	wbuf       []byte
+	obuf       []byte
 	discarding []byte // ErrorResponse to answer at the Sync; nil when not discarding
 
 	// Read side: bytes ready for the caller, answers of the proxy's own, and the rest of
 	// a large message streamed from pc.
 	rout    []byte
+	roff    int // bytes of rout already read; 0 when rout is empty
 	synth   []byte
 	rstream int       // touched by the reader only
 	rpc     *physConn // the connection rstream belongs to; reader only
 	rbuf    []byte    // the message being read; reader only
+
+	park parkState
 }
 
 func newPooledConn(c *conn, key pool.Key) *pooledConn {
@@ -165,19 +175,30 @@ func (v *pooledConn) acquire() (*pool.Server[*physConn], error) {
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithCancelCause(v.c.ctx)
-	defer cancel(nil)
 	v.mu.Lock()
-	v.stopWait = cancel
+	if v.waitCtx == nil || v.waitCtx.Err() != nil {
+		v.waitCtx, v.stopWait = context.WithCancelCause(v.c.ctx)
+	}
+	ctx := v.waitCtx
+	v.inWait = true
 	v.mu.Unlock()
 	srv, err := p.Acquire(ctx, v.key)
 	v.mu.Lock()
-	v.stopWait = nil
+	v.inWait = false
 	v.mu.Unlock()
 	if err != nil && errors.Is(context.Cause(ctx), errWaitCancelled) {
 		return nil, errWaitCancelled
 	}
 	return srv, err
+}
+
+// dropWaitContext lets go of the context of the waits for a server connection; v.mu is
+// held.
+func (v *pooledConn) dropWaitContext() {
+	if v.stopWait != nil && !v.inWait {
+		v.stopWait(nil)
+		v.waitCtx, v.stopWait = nil, nil
+	}
 }
 
 // errWaitCancelled ends a wait for a server connection that the client cancelled.
@@ -221,28 +242,42 @@ func (v *pooledConn) Write(p []byte) (int, error) {
 		return 0, net.ErrClosed
 	}
 	v.writers++
-	v.mu.Unlock()
 	defer v.endWrite()
 
-	v.wbuf = append(v.wbuf, p...)
-	var out []byte
+	// Whole messages are handled where they are: in p, or in wbuf once a partial one
+	// has been completed there.
+	in := p
+	if len(v.wbuf) > 0 {
+		v.wbuf = append(v.wbuf, p...)
+		in = v.wbuf
+	}
+	out := v.obuf[:0]
 	var pc *physConn
 	done := 0
-	for len(v.wbuf)-done >= 5 {
-		n := int(binary.BigEndian.Uint32(v.wbuf[done+1:])) + 1
-		if n < 5 || len(v.wbuf)-done < n {
+	for len(in)-done >= 5 {
+		n := int(binary.BigEndian.Uint32(in[done+1:])) + 1
+		if n < 5 || len(in)-done < n {
 			break
 		}
 		var err error
-		out, pc, err = v.clientMessage(out, pc, v.wbuf[done:done+n])
+		out, pc, err = v.clientMessage(out, pc, in[done:done+n])
 		if err != nil {
+			v.mu.Unlock()
 			return 0, err
 		}
 		done += n
 	}
-	v.wbuf = v.wbuf[:copy(v.wbuf, v.wbuf[done:])]
+	if len(v.wbuf) > 0 {
+		v.wbuf = v.wbuf[:copy(v.wbuf, v.wbuf[done:])]
+	} else {
+		v.wbuf = append(v.wbuf, p[done:]...)
+	}
 	if len(v.wbuf) == 0 && cap(v.wbuf) > keepBufferSize {
 		v.wbuf = nil
+	}
+	v.mu.Unlock()
+	if cap(out) <= keepBufferSize {
+		v.obuf = out[:0]
 	}
 	if len(out) > 0 {
 		if _, err := pc.nc.Write(out); err != nil {
@@ -263,11 +298,10 @@ func (v *pooledConn) endWrite() {
 
 // clientMessage handles one whole message of the session, appending what pc must get to
 // out. Messages for one Write all go to one connection: one is borrowed only when none
-// is held, and none is given back while a Write is in progress.
+// is held, and none is given back while a Write is in progress. Called with mu held; it
+// lets go of it while it waits for a connection.
 func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte, *physConn, error) {
 	typ, body := msg[0], msg[5:]
-	v.mu.Lock()
-	defer v.mu.Unlock()
 	if typ == clientTerminate {
 		return out, pc, nil // a pooled connection outlives its borrowers
 	}
@@ -453,11 +487,15 @@ func (v *pooledConn) bind(out, msg []byte) []byte {
 func (v *pooledConn) Read(p []byte) (int, error) {
 	v.mu.Lock()
 	for {
-		if len(v.rout) > 0 {
-			n := copy(p, v.rout)
-			v.rout = v.rout[n:]
-			if len(v.rout) == 0 {
-				v.rout = v.rout[:0]
+		if v.roff < len(v.rout) {
+			n := copy(p, v.rout[v.roff:])
+			v.roff += n
+			if v.roff == len(v.rout) {
+				// Drained: the buffer is reused from its start.
+				v.rout, v.roff = v.rout[:0], 0
+				if cap(v.rout) > keepBufferSize {
+					v.rout = nil
+				}
 			}
 			v.mu.Unlock()
 			return n, nil
@@ -471,7 +509,13 @@ func (v *pooledConn) Read(p []byte) (int, error) {
 			continue
 		}
 		if v.pc == nil || !v.readerOn {
+			if v.park.parking {
+				v.mu.Unlock()
+				return 0, errParked
+			}
+			v.park.waiting = true
 			v.cond.Wait()
+			v.park.waiting = false
 			continue
 		}
 		pc := v.pc
@@ -670,8 +714,8 @@ func (v *pooledConn) serverMessage(msg []byte) {
 // answers, is given back broken and closed; an idle one goes back to the pool.
 func (v *pooledConn) Close() error {
 	v.mu.Lock()
-	defer v.mu.Unlock()
 	if v.closed {
+		v.mu.Unlock()
 		return nil
 	}
 	v.closed = true
@@ -683,6 +727,11 @@ func (v *pooledConn) Close() error {
 		}
 	}
 	v.cond.Broadcast()
+	lot := v.park.lot
+	v.mu.Unlock()
+	if lot != nil {
+		lot.leave(v)
+	}
 	return nil
 }
 
@@ -691,7 +740,7 @@ func (v *pooledConn) Close() error {
 func (v *pooledConn) cancelTarget() ([]byte, string) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if v.stopWait != nil {
+	if v.inWait && v.stopWait != nil {
 		v.stopWait(errWaitCancelled)
 	}
 	if v.pc == nil {

@@ -21,10 +21,14 @@ func (v *pooledConn) applySettings(out []byte) []byte {
 			pc.params[name] = want
 		}
 	}
-	for name := range pc.params {
-		if _, ok := v.params[name]; !ok && !pc.reported[name] {
-			resets = append(resets, "RESET "+quoteIdent(name))
-			delete(pc.params, name)
+	// pc.params holds every reported name; only when it holds more can a setting of an
+	// earlier borrower need a RESET.
+	if len(pc.params) > len(pc.reported) {
+		for name := range pc.params {
+			if _, ok := v.params[name]; !ok && !pc.reported[name] {
+				resets = append(resets, "RESET "+quoteIdent(name))
+				delete(pc.params, name)
+			}
 		}
 	}
 	if len(sets) == 0 && len(resets) == 0 {

@@ -213,3 +213,34 @@ func bareTxSession(t *testing.T, p *testProxy, db string) (net.Conn, []byte) {
 		}
 	}
 }
+
+// TestTxPoolParkedRewriting: with the rewriting proxy, a parked session wakes up for the
+// fast path (answered by the proxy, no server connection) and for filled INSERTs, and
+// parks again after either.
+func TestTxPoolParkedRewriting(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p, _ := rewritingProxy(t, db, inTransactionMode)
+	ctx := testContext(t)
+	conn := connect(t, p.url(db))
+	if _, err := conn.Exec(ctx, "CREATE TABLE orders (id int8 PRIMARY KEY, item text NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[int64]bool{}
+	for i, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeCacheStatement} {
+		waitParked(t, p, 1)
+		var id int64
+		if err := conn.QueryRow(ctx, "SELECT leaf_next('order')", mode).Scan(&id); err != nil || seen[id] {
+			t.Fatalf("leaf_next after parking: %d, %v", id, err)
+		}
+		seen[id] = true
+		waitParked(t, p, 1)
+		if _, err := conn.Exec(ctx, "INSERT INTO orders (item) VALUES ($1)", mode, fmt.Sprint("item ", i)); err != nil {
+			t.Fatalf("filled INSERT after parking: %v", err)
+		}
+	}
+	waitParked(t, p, 1)
+	var n, distinct int
+	if err := conn.QueryRow(ctx, "SELECT count(*), count(DISTINCT id) FROM orders WHERE id IS NOT NULL").Scan(&n, &distinct); err != nil || n != 2 || distinct != 2 {
+		t.Fatalf("orders: %d rows, %d distinct IDs, %v", n, distinct, err)
+	}
+}

@@ -122,7 +122,7 @@ type pooledConn struct {
 	writers  int  // Writes in progress
 	release  bool // give pc back once writers is 0
 	closed   bool
-	queries  int                     // cycles of the borrower, for the pool's figures
+	queries  int // cycles of the borrower, for the pool's figures
 	// waitCtx is the context of the waits for a server connection, kept from one wait to
 	// the next until a cancel request ends it (stopWait) or the session parks; inWait:
 	// a wait is in progress.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -144,4 +145,35 @@ func (w *exitWatch) stop(sig os.Signal, grace time.Duration) {
 		_ = w.cmd.Process.Kill()
 		<-w.done
 	}
+}
+
+// CPUProfile takes a CPU profile of the proxy over d from its admin server (the proxy must
+// run with --http-pprof) and writes it to file, for `go tool pprof`.
+func (p *Leafproxy) CPUProfile(ctx context.Context, d time.Duration, file string) error {
+	secs := max(int(d/time.Second), 1)
+	ctx, cancel := context.WithTimeout(ctx, d+time.Minute)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet,
+		fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", p.HTTPAddr, secs), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return fmt.Errorf("profile: %s: %s", resp.Status, b)
+	}
+	f, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }

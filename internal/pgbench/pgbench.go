@@ -48,6 +48,10 @@ type Endpoint struct {
 	// the table prints in place of its figures (PgBouncer in transaction mode and
 	// pgbench -M prepared, say); those runs are left out.
 	Unsupported map[string]string
+	// During, when set, runs alongside each of the endpoint's pgbench runs (to take a CPU
+	// profile of the hop, say), given the run's length and a name unique to the run
+	// ("tx-pool-extended-200c-r2"); the run waits for it, and its error fails the run.
+	During func(ctx context.Context, run string, d time.Duration) error
 }
 
 func (e Endpoint) units() float64 { return float64(max(e.Units, 1)) }
@@ -181,7 +185,8 @@ func runGroup(ctx context.Context, cfg Config, bin, dir string, g Group, modes [
 					if e.Unsupported[mode] != "" {
 						continue
 					}
-					r, err := runOne(ctx, bin, dir, cfg.Duration, e, mode, clients)
+					r, err := runOne(ctx, bin, dir, cfg.Duration, e, mode, clients,
+						fmt.Sprintf("%s-%s-%dc-r%d", g.Name, mode, clients, round+1))
 					if err != nil {
 						return results, fmt.Errorf("%s/%s/%s/%d clients: %w", g.Name, e.Name, mode, clients, err)
 					}
@@ -222,7 +227,7 @@ func median(rs []Result) Result {
 	return m
 }
 
-func runOne(ctx context.Context, bin, dir string, d time.Duration, e Endpoint, mode string, clients int) (Result, error) {
+func runOne(ctx context.Context, bin, dir string, d time.Duration, e Endpoint, mode string, clients int, run string) (Result, error) {
 	threads := min(clients, runtime.NumCPU())
 	args := []string{"-n", "-M", mode, "-c", strconv.Itoa(clients), "-j", strconv.Itoa(threads),
 		"-T", strconv.Itoa(int(d.Round(time.Second) / time.Second))}
@@ -245,7 +250,18 @@ func runOne(ctx context.Context, bin, dir string, d time.Duration, e Endpoint, m
 			return Result{}, fmt.Errorf("cpu meter: %w", err)
 		}
 	}
-	if err := cmd.Run(); err != nil {
+	var during chan error
+	if e.During != nil {
+		during = make(chan error, 1)
+		go func() { during <- e.During(ctx, run, d) }()
+	}
+	err := cmd.Run()
+	if during != nil {
+		if derr := <-during; derr != nil && err == nil {
+			return Result{}, fmt.Errorf("%s: %w", run, derr)
+		}
+	}
+	if err != nil {
 		return Result{}, fmt.Errorf("%w\n%s", err, out.String())
 	}
 	r, err := parse(out.String(), e.Name, mode, clients)

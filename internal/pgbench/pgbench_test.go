@@ -2,6 +2,7 @@ package pgbench
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -330,5 +331,33 @@ func TestUnsupportedMode(t *testing.T) {
 		if !strings.Contains(table, want) {
 			t.Errorf("table lacks %q:\n%s", want, table)
 		}
+	}
+}
+
+// TestDuringRunsAlongEachRun: an endpoint's During runs once per run of that endpoint,
+// named after the run, the run waits for it, and its error fails the run.
+func TestDuringRunsAlongEachRun(t *testing.T) {
+	var runs []string
+	done := 0
+	during := func(ctx context.Context, run string, d time.Duration) error {
+		runs = append(runs, run)
+		if d != time.Second {
+			t.Errorf("During got %v, want the run's 1s", d)
+		}
+		time.Sleep(10 * time.Millisecond) // a run must wait for a slow During
+		done++
+		return nil
+	}
+	cfg := Config{Pgbench: fakePgbench(t), Duration: time.Second, Clients: []int{200}, Modes: []string{"simple"}, Rounds: 2}
+	groups := []Group{{Name: "tx-pool", Endpoints: []Endpoint{{Name: "direct", URL: "ok"}, {Name: "proxy", URL: "ok", During: during}}}}
+	if _, err := Run(context.Background(), cfg, groups); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Join(runs, ","), "tx-pool-simple-200c-r1,tx-pool-simple-200c-r2"; got != want || done != 2 {
+		t.Fatalf("During ran for %s (%d finished), want %s", got, done, want)
+	}
+	groups[0].Endpoints[1].During = func(context.Context, string, time.Duration) error { return errors.New("no profile") }
+	if _, err := Run(context.Background(), cfg, groups); err == nil || !strings.Contains(err.Error(), "no profile") {
+		t.Fatalf("Run with a failing During: %v", err)
 	}
 }

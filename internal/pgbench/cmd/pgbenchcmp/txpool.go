@@ -26,6 +26,8 @@ const bouncerNoPrepared = "cannot (PgBouncer 1.18: no prepared statements in tra
 type txPoolOptions struct {
 	clients  int // pgbench clients
 	poolSize int // server connections of each pool
+	// pprofDir, when set, gets a CPU profile of leafproxy over each of its runs.
+	pprofDir string
 }
 
 // txPoolGroup is pgbench -S with many clients over a transaction pool: the server with a
@@ -80,12 +82,21 @@ func txPoolGroup(ctx context.Context, h hops, o txPoolOptions) (pgbench.Group, f
 		return g, stop, err
 	}
 	args := append(productionArgs(h.dbURL, upstream, nil), txPoolArgs(o.poolSize, authFile)...)
+	if o.pprofDir != "" {
+		args = append(args, "--http-pprof")
+	}
 	lp, err := pgbench.StartLeafproxy(ctx, h.bin, args...)
 	if err != nil {
 		return g, stop, err
 	}
 	stops = append(stops, func() { _ = lp.Close() })
-	add(pgbench.Endpoint{Name: "leafproxy tx", URL: lp.URL(roleURL), CPU: lp.CPU})
+	leaf := pgbench.Endpoint{Name: "leafproxy tx", URL: lp.URL(roleURL), CPU: lp.CPU}
+	if o.pprofDir != "" {
+		leaf.During = func(ctx context.Context, run string, d time.Duration) error {
+			return lp.CPUProfile(ctx, d, filepath.Join(o.pprofDir, "leafproxy-"+run+".pprof"))
+		}
+	}
+	add(leaf)
 	if h.bouncer {
 		b, err := pgbench.StartPgBouncer(ctx, h.dbURL, pgbench.BouncerOptions{
 			PoolMode:   "transaction",

@@ -357,7 +357,7 @@ func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte
 		v.queries++
 		pc.unnamed = nil // a Query replaces the unnamed statement
 		e := expect{kind: expQuery}
-		if r := refusedInTransactionMode(zstring(body)); r != nil {
+		if r := refusedInTransactionMode(zbytes(body)); r != nil {
 			e.refusal = r
 			v.queue = append(v.queue, e)
 			return appendQuery(out, standInSQL), pc, nil
@@ -795,7 +795,15 @@ func appendMessage(b []byte, typ byte, parts ...[]byte) []byte {
 	return b
 }
 
-// cString returns the text up to the first zero byte of b.
+// zbytes returns b up to its first zero byte.
+func zbytes(b []byte) []byte {
+	if i := indexZero(b); i >= 0 {
+		return b[:i]
+	}
+	return b
+}
+
+// zstring returns the text up to the first zero byte of b.
 func zstring(b []byte) string {
 	if i := indexZero(b); i >= 0 {
 		return string(b[:i])

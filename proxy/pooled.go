@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unique"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
@@ -197,6 +198,10 @@ type physConn struct {
 	// unnamed is the client statement the unnamed statement of this connection was last
 	// parsed from, nil when unknown.
 	unnamed *clientStmt
+	// applied: params is what applySettings made of the client settings appliedKey
+	// stands for (see pooledConn.settingsKey), and nothing changed them since.
+	applied    bool
+	appliedKey unique.Handle[string]
 }
 
 type paramValue struct{ name, value string }
@@ -341,6 +346,7 @@ func (pc physConnector) Reset(ctx context.Context, p *physConn) error {
 	}
 	clear(p.prepared)
 	p.unnamed = nil
+	p.applied = false
 	for {
 		typ, body, err := p.readMessage()
 		if err != nil {

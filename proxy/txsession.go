@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unique"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
@@ -143,6 +144,9 @@ type pooledConn struct {
 	stmts   map[string]*clientStmt
 	unnamed *clientStmt
 	params  map[string]string // lower-case name → the client's value
+	// paramsKey stands for params, interned (see settingsKey); keyOK: it is up to date.
+	paramsKey unique.Handle[string]
+	keyOK     bool
 
 	// Write side: a partial message, and the error that fails the cycle being discarded;
 	// obuf is the output buffer of Write, used by the writer only.
@@ -610,8 +614,10 @@ func (v *pooledConn) serverMessage(msg []byte) {
 		if name, value, ok := splitParameterStatus(body); ok {
 			lname := strings.ToLower(name)
 			pc.params[lname] = value
-			if !notCarried[lname] {
+			pc.applied = false
+			if !notCarried[lname] && v.params[lname] != value {
 				v.params[lname] = value
+				v.keyOK = false
 			}
 		}
 		v.rout = append(v.rout, msg...)

@@ -69,6 +69,8 @@ type Config struct {
 
 	// Databases routes the database a client names to an upstream (databases.go).
 	Databases Databases `yaml:"databases"`
+	// Users overrides the pool settings per user (users.go).
+	Users Users `yaml:"users"`
 
 	HTTP      string `yaml:"http"`
 	HTTPToken string `yaml:"http-token"`

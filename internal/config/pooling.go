@@ -1,6 +1,7 @@
 package config
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"strconv"
@@ -155,9 +156,22 @@ func (c *Config) effectivePoolSize() int {
 }
 
 // checkDatabasePools checks the pool keys of the databases entries against the other
-// settings; checkDatabases calls it.
+// settings; checkDatabases calls it. Pools are kept per database as routed and user, so
+// entries that lead to the same database of the same upstream share them: those that
+// give pool sizes must give the same ones.
 func checkDatabasePools(c *Config, bad problem) {
+	type sizes struct{ pool, min, maxDB int }
+	shared := map[string]Database{}
 	for _, d := range c.Databases {
+		if d.Name != FallbackDatabase && (d.PoolSize != 0 || d.MinPoolSize != 0 || d.MaxDBConnections != 0) {
+			target := cmp.Or(d.Upstream, c.Upstream) + "\x00" + cmp.Or(d.DBName, d.Name)
+			if o, ok := shared[target]; !ok {
+				shared[target] = d
+			} else if (sizes{o.PoolSize, o.MinPoolSize, o.MaxDBConnections}) != (sizes{d.PoolSize, d.MinPoolSize, d.MaxDBConnections}) {
+				bad("databases %q and %q lead to database %s of %s and so share its pools: give them the same pool_size, min_pool_size and max_db_connections",
+					o.Name, d.Name, cmp.Or(d.DBName, d.Name), cmp.Or(d.Upstream, c.Upstream))
+			}
+		}
 		if d.PoolMode == PoolModeTransaction && !c.proxyAuthenticates() {
 			bad("database %q: pool_mode %s", d.Name, transactionNeedsAuth)
 		}
@@ -169,4 +183,23 @@ func checkDatabasePools(c *Config, bad problem) {
 			bad("database %q: min_pool_size %d exceeds its pool size %d", d.Name, d.MinPoolSize, size)
 		}
 	}
+}
+
+// UsesTransactionMode reports whether some sessions may run in transaction mode: by
+// pool-mode, a databases entry or a users entry.
+func (c *Config) UsesTransactionMode() bool {
+	if c.PoolMode == PoolModeTransaction {
+		return true
+	}
+	for _, d := range c.Databases {
+		if d.PoolMode == PoolModeTransaction {
+			return true
+		}
+	}
+	for _, u := range c.Users {
+		if u.PoolMode == PoolModeTransaction {
+			return true
+		}
+	}
+	return false
 }

@@ -103,6 +103,8 @@ func TestPoolKeysErrors(t *testing.T) {
 		{file: "databases:\n  app: {host: h, pool_mode: txn}\n", want: []string{"databases: line 2", `pool_mode "txn"`}},
 		{flags: []string{"--database", "app=host=h min_pool_size=30"}, want: []string{"databases (flag --databases)", `database "app": min_pool_size 30 exceeds its pool size 20`}},
 		{flags: []string{"--database", "app=host=h pool_size=5 min_pool_size=6"}, want: []string{"min_pool_size 6 exceeds its pool size 5"}},
+		{flags: []string{"--database", "app=host=h dbname=shop pool_size=5", "--database", "alias=host=h dbname=shop pool_size=6"},
+			want: []string{`databases "app" and "alias" lead to database shop of h:5432 and so share its pools`}},
 		{env: map[string]string{}, flags: []string{"--database", "app=host=h pool_mode=transaction"},
 			want: []string{"databases (flag --databases)", `database "app": pool_mode transaction needs the proxy to authenticate clients itself`, "auth-type"}},
 		{env: map[string]string{}, flags: []string{"--user", "alice=pool_mode=transaction"},
@@ -134,11 +136,25 @@ func TestPoolKeysErrors(t *testing.T) {
 }
 
 // TestSessionEntriesNeedNoProxyAuth: with passthrough, databases and users in session
-// mode are fine, and so is a global session mode.
+// mode are fine, and so is a global session mode; entries sharing a database may differ
+// in pool_mode, and one that gives no sizes takes the other's.
 func TestSessionEntriesNeedNoProxyAuth(t *testing.T) {
-	_, err := load(t, "", map[string]string{"LEAFPROXY_STORE": testStore},
-		"--database", "app=host=h pool_mode=session pool_size=3", "--user", "alice=pool_mode=session")
+	c, err := load(t, "", map[string]string{"LEAFPROXY_STORE": testStore},
+		"--database", "app=host=h pool_mode=session pool_size=3", "--user", "alice=pool_mode=session",
+		"--database", "alias=host=h dbname=app pool_mode=session", "--database", "again=host=h dbname=app pool_size=3")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if c.UsesTransactionMode() {
+		t.Error("UsesTransactionMode with every mode session")
+	}
+	for _, args := range [][]string{{"--pool-mode", "transaction"}, {"--database", "a=host=h pool_mode=transaction"}, {"--user", "u=pool_mode=transaction"}} {
+		c, err := load(t, "", scramEnv(), args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !c.UsesTransactionMode() {
+			t.Errorf("%q: UsesTransactionMode false", args)
+		}
 	}
 }

@@ -73,7 +73,7 @@ func routesOf(cfg *config.Config) *proxy.Routes {
 			Upstream:         d.Upstream,
 			Database:         d.DBName,
 			PoolMode:         proxy.PoolMode(cmp.Or(d.PoolMode, cfg.PoolMode)),
-			Pool:             pool.Limits{PoolSize: d.PoolSize, MinPoolSize: d.MinPoolSize},
+			Pool:             pool.Limits{PoolSize: d.PoolSize, MinPoolSize: d.MinPoolSize, ServerLifetime: d.ServerLifetime},
 			MaxDBConnections: d.MaxDBConnections,
 		}
 		if rt.Upstream == "" {

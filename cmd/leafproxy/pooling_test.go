@@ -248,14 +248,14 @@ func TestTransactionModeReloadNeedsProxyAuth(t *testing.T) {
 func TestRoutesOfPoolSettings(t *testing.T) {
 	cfg := &config.Config{Upstream: "10.0.0.1:5432", Pooling: config.Pooling{PoolMode: config.PoolModeTransaction},
 		Databases: config.Databases{
-			{Name: "shop", DBName: "shop", PoolMode: config.PoolModeSession, PoolSize: 30, MinPoolSize: 2, MaxDBConnections: 40},
+			{Name: "shop", DBName: "shop", PoolMode: config.PoolModeSession, PoolSize: 30, MinPoolSize: 2, MaxDBConnections: 40, ServerLifetime: time.Hour},
 			{Name: "*"},
 		},
 		Users: config.Users{{Name: "alice", PoolMode: config.PoolModeSession, PoolSize: 3}},
 	}
 	routes := routesOf(cfg)
 	want := proxy.Route{Upstream: "10.0.0.1:5432", Database: "shop", PoolMode: proxy.PoolSession,
-		Pool: pool.Limits{PoolSize: 30, MinPoolSize: 2}, MaxDBConnections: 40}
+		Pool: pool.Limits{PoolSize: 30, MinPoolSize: 2, ServerLifetime: time.Hour}, MaxDBConnections: 40}
 	if got, _ := routes.Lookup("shop"); got != want {
 		t.Errorf("shop: %+v, want %+v", got, want)
 	}

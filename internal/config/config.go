@@ -209,7 +209,7 @@ var settings = []setting{
 	{name: "upstream", arg: "HOST:PORT|SOCKET", usage: "address of the real PostgreSQL server: host:port, or the path of a Unix socket",
 		field: func(c *Config) any { return &c.Upstream },
 		check: checkUpstream},
-	{name: "databases", alias: "database", arg: "NAME=CONNSTRING", repeat: true, usage: "route the database NAME clients ask for to an upstream, as a PgBouncer [databases] line: host=H port=P dbname=D (or upstream=HOST:PORT|SOCKET), and pool_mode, pool_size, min_pool_size, max_db_connections; NAME * serves every other database; repeatable; unset: every database goes to upstream",
+	{name: "databases", alias: "database", arg: "NAME=CONNSTRING", repeat: true, usage: "route the database NAME clients ask for to an upstream, as a PgBouncer [databases] line: host=H port=P dbname=D (or upstream=HOST:PORT|SOCKET), and pool_mode, pool_size, min_pool_size, max_db_connections, server_lifetime; NAME * serves every other database; repeatable; unset: every database goes to upstream",
 		field: func(c *Config) any { return &c.Databases },
 		check: checkDatabases},
 	{name: "upstream-sslmode", arg: "MODE", usage: "TLS to the upstream: disable, prefer, require or verify-full (libpq's meanings)",

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -45,6 +46,9 @@ type Database struct {
 	// PoolSize, MinPoolSize and MaxDBConnections are the database's pool_size,
 	// min_pool_size and max_db_connections; 0: the global setting.
 	PoolSize, MinPoolSize, MaxDBConnections int
+	// ServerLifetime is the database's server_lifetime; 0: the global setting,
+	// negative: never.
+	ServerLifetime time.Duration
 }
 
 // String renders the entry as the flag that gives it.
@@ -58,6 +62,9 @@ func (d Database) String() string {
 	}
 	parts = appendPoolKeys(parts, d.PoolMode, []namedInt{
 		{"pool_size", d.PoolSize}, {"min_pool_size", d.MinPoolSize}, {"max_db_connections", d.MaxDBConnections}})
+	if d.ServerLifetime != 0 {
+		parts = append(parts, "server_lifetime="+d.ServerLifetime.String())
+	}
 	return d.Name + "=" + strings.Join(parts, " ")
 }
 
@@ -198,7 +205,6 @@ var notYet = map[string]string{
 	"reserve_pool":              "there is no reserve pool: raise pool_size",
 	"reserve_pool_size":         "there is no reserve pool: raise pool_size",
 	"max_db_client_connections": "max-client-conns bounds all sessions",
-	"server_lifetime":           "server-lifetime is one setting for every database",
 	"connect_query":             "not supported",
 	"client_encoding":           "not supported: the client sets its own",
 	"datestyle":                 "not supported: the client sets its own",
@@ -208,7 +214,7 @@ var notYet = map[string]string{
 }
 
 // databaseKeys are the keys of a databases entry, for messages.
-var databaseKeys = []string{"host", "port", "dbname", "upstream", "pool_mode", "pool_size", "min_pool_size", "max_db_connections"}
+var databaseKeys = []string{"host", "port", "dbname", "upstream", "pool_mode", "pool_size", "min_pool_size", "max_db_connections", "server_lifetime"}
 
 // addEntry checks the keys of one entry and appends it.
 func (ds *Databases) addEntry(name string, kvs []connParam) error {
@@ -257,6 +263,12 @@ func (ds *Databases) addEntry(name string, kvs []connParam) error {
 			default:
 				d.MaxDBConnections = n
 			}
+		case "server_lifetime":
+			lt, err := parseLifetime(kv.value)
+			if err != nil {
+				return fmt.Errorf("database %q: %w", name, err)
+			}
+			d.ServerLifetime = lt
 		default:
 			if why, ok := notYet[kv.key]; ok {
 				return fmt.Errorf("database %q: key %q is not supported: %s", name, kv.key, why)

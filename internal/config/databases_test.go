@@ -80,6 +80,7 @@ func TestDatabasesErrorsNameTheKey(t *testing.T) {
 	}{
 		{file: "databases:\n  app: host=h dbnme=x\n", want: []string{"databases: line 2", `database "app"`, `unknown key "dbnme"`, `did you mean "dbname"`}},
 		{file: "databases:\n  app: {host: h, colour: red}\n", want: []string{`database "app"`, `unknown key "colour"`}},
+		{flags: []string{"--database", "app=host=h connect_query=x"}, want: []string{`key "connect_query" is not supported`}},
 		{flags: []string{"--database", "app=host=h reserve_pool_size=5"}, want: []string{"flag -database", `key "reserve_pool_size" is not supported`, "raise pool_size"}},
 		{flags: []string{"--database", "app=host=h user=bob"}, want: []string{`key "user" is not supported`, "logs in as itself"}},
 		{flags: []string{"--database", "app=host=h", "--database", "app=host=k"}, want: []string{`database "app" is given twice`}},

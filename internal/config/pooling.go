@@ -106,6 +106,23 @@ func parsePoolNumber(key, value string) (int, error) {
 	return n, nil
 }
 
+// parseLifetime reads a server_lifetime value: seconds, as PgBouncer writes it, or a
+// duration such as 30m; negative: never; zero is refused (leave the key out to take the
+// global server-lifetime).
+func parseLifetime(value string) (time.Duration, error) {
+	d, err := time.ParseDuration(value)
+	if n, nerr := strconv.Atoi(value); nerr == nil {
+		d, err = time.Duration(n)*time.Second, nil
+	}
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("server_lifetime %q is neither seconds nor a duration such as 30m", value)
+	case d == 0:
+		return 0, errors.New("server_lifetime 0 would close every connection after one use: leave server_lifetime out to take the global server-lifetime, or give a negative value for never")
+	}
+	return d, nil
+}
+
 // unknownKey is the error of a key an entry does not know, suggesting the nearest one.
 func unknownKey(what, name, key string, known []string) error {
 	msg := fmt.Sprintf("%s %q: unknown key %q (want %s)", what, name, key, strings.Join(known, ", "))
@@ -158,17 +175,21 @@ func (c *Config) effectivePoolSize() int {
 // checkDatabasePools checks the pool keys of the databases entries against the other
 // settings; checkDatabases calls it. Pools are kept per database as routed and user, so
 // entries that lead to the same database of the same upstream share them: those that
-// give pool sizes must give the same ones.
+// give pool limits must give the same ones.
 func checkDatabasePools(c *Config, bad problem) {
-	type sizes struct{ pool, min, maxDB int }
+	type limits struct {
+		pool, min, maxDB int
+		lifetime         time.Duration
+	}
 	shared := map[string]Database{}
 	for _, d := range c.Databases {
-		if d.Name != FallbackDatabase && (d.PoolSize != 0 || d.MinPoolSize != 0 || d.MaxDBConnections != 0) {
+		l := limits{d.PoolSize, d.MinPoolSize, d.MaxDBConnections, d.ServerLifetime}
+		if d.Name != FallbackDatabase && l != (limits{}) {
 			target := cmp.Or(d.Upstream, c.Upstream) + "\x00" + cmp.Or(d.DBName, d.Name)
 			if o, ok := shared[target]; !ok {
 				shared[target] = d
-			} else if (sizes{o.PoolSize, o.MinPoolSize, o.MaxDBConnections}) != (sizes{d.PoolSize, d.MinPoolSize, d.MaxDBConnections}) {
-				bad("databases %q and %q lead to database %s of %s and so share its pools: give them the same pool_size, min_pool_size and max_db_connections",
+			} else if (limits{o.PoolSize, o.MinPoolSize, o.MaxDBConnections, o.ServerLifetime}) != l {
+				bad("databases %q and %q lead to database %s of %s and so share its pools: give them the same pool_size, min_pool_size, max_db_connections and server_lifetime",
 					o.Name, d.Name, cmp.Or(d.DBName, d.Name), cmp.Or(d.Upstream, c.Upstream))
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
 // scramEnv is an environment whose proxy authenticates clients, as transaction mode
@@ -21,6 +22,7 @@ pool-size: 10
 databases:
   shop: host=db1 port=5432 dbname=shop pool_mode=transaction pool_size=30
   reports: {host: db2, pool_mode: session, min_pool_size: 2, max_db_connections: 8}
+  archive: host=db4 server_lifetime=600
   "*": host=db3
 users:
   reporting: pool_mode=session
@@ -33,6 +35,7 @@ users:
 	wantDBs := Databases{
 		{Name: "shop", Upstream: "db1:5432", DBName: "shop", PoolMode: PoolModeTransaction, PoolSize: 30},
 		{Name: "reports", Upstream: "db2:5432", PoolMode: PoolModeSession, MinPoolSize: 2, MaxDBConnections: 8},
+		{Name: "archive", Upstream: "db4:5432", ServerLifetime: 10 * time.Minute},
 		{Name: "*", Upstream: "db3:5432"},
 	}
 	if !reflect.DeepEqual(c.Databases, wantDBs) {
@@ -99,12 +102,16 @@ func TestPoolKeysErrors(t *testing.T) {
 		{flags: []string{"--database", "app=host=h pool_size=many"}, want: []string{`pool_size "many" is not a whole number`}},
 		{flags: []string{"--database", "app=host=h min_pool_size=0"}, want: []string{"min_pool_size 0 must be at least 1"}},
 		{flags: []string{"--database", "app=host=h max_db_connections=0"}, want: []string{"max_db_connections 0 must be at least 1"}},
+		{flags: []string{"--database", "app=host=h server_lifetime=0"}, want: []string{`database "app": server_lifetime 0 would close every connection`}},
+		{flags: []string{"--database", "app=host=h server_lifetime=soon"}, want: []string{`server_lifetime "soon" is neither seconds nor a duration`}},
 		{flags: []string{"--database", "app=host=h pool_sise=3"}, want: []string{`unknown key "pool_sise"`, `did you mean "pool_size"?`}},
 		{file: "databases:\n  app: {host: h, pool_mode: txn}\n", want: []string{"databases: line 2", `pool_mode "txn"`}},
 		{flags: []string{"--database", "app=host=h min_pool_size=30"}, want: []string{"databases (flag --databases)", `database "app": min_pool_size 30 exceeds its pool size 20`}},
 		{flags: []string{"--database", "app=host=h pool_size=5 min_pool_size=6"}, want: []string{"min_pool_size 6 exceeds its pool size 5"}},
 		{flags: []string{"--database", "app=host=h dbname=shop pool_size=5", "--database", "alias=host=h dbname=shop pool_size=6"},
 			want: []string{`databases "app" and "alias" lead to database shop of h:5432 and so share its pools`}},
+		{flags: []string{"--database", "app=host=h dbname=shop server_lifetime=60", "--database", "alias=host=h dbname=shop server_lifetime=1h"},
+			want: []string{"share its pools", "server_lifetime"}},
 		{env: map[string]string{}, flags: []string{"--database", "app=host=h pool_mode=transaction"},
 			want: []string{"databases (flag --databases)", `database "app": pool_mode transaction needs the proxy to authenticate clients itself`, "auth-type"}},
 		{env: map[string]string{}, flags: []string{"--user", "alice=pool_mode=transaction"},
@@ -147,6 +154,11 @@ func TestSessionEntriesNeedNoProxyAuth(t *testing.T) {
 	}
 	if c.UsesTransactionMode() {
 		t.Error("UsesTransactionMode with every mode session")
+	}
+	var never Databases
+	if err := never.Set("app=host=h server_lifetime=-1s; b=host=h server_lifetime=90m"); err != nil ||
+		never[0].ServerLifetime != -time.Second || never[1].ServerLifetime != 90*time.Minute {
+		t.Errorf("server_lifetime -1s, 90m: %+v, %v", never, err)
 	}
 	for _, args := range [][]string{{"--pool-mode", "transaction"}, {"--database", "a=host=h pool_mode=transaction"}, {"--user", "u=pool_mode=transaction"}} {
 		c, err := load(t, "", scramEnv(), args...)

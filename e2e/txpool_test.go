@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -733,4 +734,250 @@ func pgxClient(ctx context.Context, pp *pgxpool.Pool, client, rounds int) (got p
 		}
 	}
 	return got, nil
+}
+
+// TestTxPoolLibPQAndPsql runs lib/pq with 50 sessions and psql over a pool of 5. Two
+// lib/pq sessions and a psql session SET search_path to schemas of their own, under a
+// load of filled INSERTs and leaf_next (prepared, parameterised and simple) from 20
+// other sessions checking that they keep the default search_path: each setting follows
+// its client from server connection to server connection and reaches nobody else.
+// LISTEN and pg_advisory_lock are refused with 0A000 and the session goes on.
+func TestTxPoolLibPQAndPsql(t *testing.T) {
+	psql := lookTool(t, "psql")
+	tp := startTxPool(t, "txpq", 24, []string{"pq_rows.id=" + snowOrder},
+		`CREATE TABLE pq_rows (id bigint PRIMARY KEY, client text NOT NULL, note text NOT NULL)`,
+		`CREATE SCHEMA sa; CREATE TABLE sa.t AS SELECT 'a'::text AS v;
+		 CREATE SCHEMA sb; CREATE TABLE sb.t AS SELECT 'b'::text AS v;
+		 GRANT USAGE ON SCHEMA sa, sb TO `+testenv.SCRAMUser+`;
+		 GRANT SELECT ON sa.t, sb.t TO `+testenv.SCRAMUser)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	db, err := sql.Open("postgres", tp.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	openSessions(t, db)
+	var defaultPath string
+	if err := db.QueryRowContext(ctx, "SHOW search_path").Scan(&defaultPath); err != nil {
+		t.Fatal(err)
+	}
+
+	ids := newIDSet()
+	var mu sync.Mutex
+	var rows []int64
+	w := watchServers(t, tp)
+
+	// The load: 20 sessions of the database/sql pool.
+	insert, err := db.PrepareContext(ctx, "INSERT INTO pq_rows (client, note) VALUES ($1, $2) RETURNING id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer insert.Close()
+	stop := make(chan struct{})
+	loadErrs := make(chan error, 20)
+	var load sync.WaitGroup
+	for i := range 20 {
+		load.Add(1)
+		go func() {
+			defer load.Done()
+			loadErrs <- pqLoad(ctx, db, insert, i, defaultPath, stop, ids, func(id int64) {
+				mu.Lock()
+				rows = append(rows, id)
+				mu.Unlock()
+			})
+		}()
+	}
+
+	// psql, meanwhile, with a search_path of its own.
+	script := filepath.Join(t.TempDir(), "search_path.sql")
+	if err := os.WriteFile(script, []byte(`SHOW search_path;
+SET search_path TO sb, public;
+SELECT 'v=' || v FROM t;
+LISTEN channel;
+SELECT 'after listen=' || v FROM t;
+SELECT pg_advisory_lock(7);
+INSERT INTO pq_rows (client, note) VALUES ('psql', 'simple') RETURNING 'id=' || id;
+SELECT leaf_next('`+snowOrder+`');
+BEGIN;
+INSERT INTO pq_rows (client, note) VALUES ('psql', 'tx') RETURNING 'id=' || id;
+SELECT 'tx=' || v FROM t;
+COMMIT;
+SHOW search_path;
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	psqlOut := make(chan [2]string, 1)
+	go func() {
+		stdout, stderr := runPsql(psql, tp.url, script)
+		psqlOut <- [2]string{stdout, stderr}
+	}()
+
+	// Three pinned lib/pq sessions: two with a search_path of their own, one without.
+	pinned := func() *sql.Conn {
+		c, err := db.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	ca, cb, plain := pinned(), pinned(), pinned()
+	for c, schema := range map[*sql.Conn]string{ca: "sa", cb: "sb"} {
+		if _, err := c.ExecContext(ctx, "SET search_path TO "+schema+", public"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pids := map[string]map[int]bool{"a": {}, "b": {}}
+	var psqlRes *[2]string
+	for round := 0; round < 30 || psqlRes == nil; round++ {
+		select {
+		case res := <-psqlOut:
+			psqlRes = &res
+		default:
+		}
+		for c, v := range map[*sql.Conn]string{ca: "a", cb: "b"} {
+			var path, got string
+			var pid int
+			err := c.QueryRowContext(ctx, "SELECT current_setting('search_path'), (SELECT v FROM t), pg_backend_pid()").Scan(&path, &got, &pid)
+			if err != nil {
+				t.Fatalf("round %d, client %s: %v", round, v, err)
+			}
+			if path != "s"+v+", public" || got != v {
+				t.Fatalf("round %d: client %s has search_path %q and sees table t of %q", round, v, path, got)
+			}
+			pids[v][pid] = true
+		}
+		// In a transaction too, with a parameter (the extended protocol).
+		tx, err := ca.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got string
+		if err := tx.QueryRowContext(ctx, "SELECT v || $1 FROM t", "!").Scan(&got); err != nil || got != "a!" {
+			t.Fatalf("round %d: client a in a transaction sees %q (%v)", round, got, err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		var path string
+		if err := plain.QueryRowContext(ctx, "SELECT current_setting('search_path')").Scan(&path); err != nil {
+			t.Fatal(err)
+		}
+		if path != defaultPath {
+			t.Fatalf("round %d: a client that set nothing has search_path %q, want %q", round, path, defaultPath)
+		}
+		_, err = plain.ExecContext(ctx, "SELECT v FROM t")
+		if sqlState(err) != "42P01" {
+			t.Fatalf("round %d: a client that set nothing finds a table t on its search_path: %v", round, err)
+		}
+	}
+	close(stop)
+	load.Wait()
+	close(loadErrs)
+	for err := range loadErrs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Refused features: 0A000, and the same session goes on.
+	for _, q := range []struct {
+		sql  string
+		args []any
+	}{{"LISTEN channel", nil}, {"SELECT pg_advisory_lock(1)", nil}, {"SELECT pg_advisory_lock($1)", []any{2}}} {
+		_, err := plain.ExecContext(ctx, q.sql, q.args...)
+		if sqlState(err) != "0A000" {
+			t.Fatalf("lib/pq %s: %v, want SQLSTATE 0A000", q.sql, err)
+		}
+		var id int64
+		if err := plain.QueryRowContext(ctx, "INSERT INTO pq_rows (client, note) VALUES ('lib/pq', $1) RETURNING id", "after "+q.sql).Scan(&id); err != nil {
+			t.Fatalf("lib/pq after the refused %s: %v", q.sql, err)
+		}
+		ids.add("lib/pq after a refusal", id)
+		rows = append(rows, id)
+	}
+	w.Stop(t, "lib/pq and psql")
+
+	// Both SET clients moved between server connections, and kept their setting.
+	t.Logf("FIGURE lib/pq: the client with search_path sa ran on %d server connections, the one with sb on %d", len(pids["a"]), len(pids["b"]))
+	if len(pids["a"])+len(pids["b"]) < 3 {
+		t.Errorf("the two clients with a search_path ran on %d and %d server connections: the test did not move them", len(pids["a"]), len(pids["b"]))
+	}
+
+	stdout, stderr := psqlRes[0], psqlRes[1]
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	wantShape := []string{defaultPath, "v=b", "after listen=b", "id=", "", "id=", "tx=b", "sb, public"}
+	if len(lines) != len(wantShape) {
+		t.Fatalf("psql printed %d lines, want %d:\n%s\nstderr:\n%s", len(lines), len(wantShape), stdout, stderr)
+	}
+	for i, want := range wantShape {
+		switch want {
+		case "id=", "":
+			id, err := strconv.ParseInt(strings.TrimPrefix(lines[i], want), 10, 64)
+			if err != nil || !strings.HasPrefix(lines[i], want) {
+				t.Fatalf("psql line %d: %q, want an ID\n%s", i+1, lines[i], stdout)
+			}
+			if want == "id=" {
+				rows = append(rows, id)
+			}
+			ids.add("psql", id)
+		default:
+			if lines[i] != want {
+				t.Fatalf("psql line %d: %q, want %q\n%s\nstderr:\n%s", i+1, lines[i], want, stdout, stderr)
+			}
+		}
+	}
+	if n := strings.Count(stderr, "ERROR:  0A000"); n != 2 {
+		t.Fatalf("psql: %d errors with SQLSTATE 0A000, want 2 (LISTEN, pg_advisory_lock):\n%s", n, stderr)
+	}
+	ids.check(t)
+	checkStored(t, tp.dsn, "pq_rows", len(rows), rows, nil)
+}
+
+// pqLoad is one session of the load of TestTxPoolLibPQAndPsql, until stop: a prepared
+// filled INSERT, leaf_next as a simple query and with a parameter, and a check that the
+// session has the default search_path.
+func pqLoad(ctx context.Context, db *sql.DB, insert *sql.Stmt, client int, defaultPath string, stop <-chan struct{}, ids *idSet, stored func(int64)) error {
+	for {
+		select {
+		case <-stop:
+			return nil
+		default:
+		}
+		var id, next, param int64
+		if err := insert.QueryRowContext(ctx, fmt.Sprint(client), "load").Scan(&id); err != nil {
+			return fmt.Errorf("load %d: INSERT: %w", client, err)
+		}
+		stored(id)
+		if err := db.QueryRowContext(ctx, "SELECT leaf_next('"+snowOrder+"')").Scan(&next); err != nil {
+			return fmt.Errorf("load %d: leaf_next: %w", client, err)
+		}
+		if err := db.QueryRowContext(ctx, "SELECT leaf_next($1)", snowOrder).Scan(&param); err != nil {
+			return fmt.Errorf("load %d: leaf_next($1): %w", client, err)
+		}
+		ids.add("lib/pq", id)
+		ids.add("lib/pq leaf_next", next, param)
+		var path string
+		if err := db.QueryRowContext(ctx, "SELECT current_setting('search_path')").Scan(&path); err != nil {
+			return fmt.Errorf("load %d: %w", client, err)
+		}
+		if path != defaultPath {
+			return fmt.Errorf("load %d: search_path %q, want the default %q: another client's SET reached it", client, path, defaultPath)
+		}
+	}
+}
+
+// runPsql runs a script file with psql and returns its stdout and stderr; errors of the
+// statements (with their SQLSTATE) are on stderr and do not stop the script.
+func runPsql(psql, url, file string) (stdout, stderr string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var out, errOut strings.Builder
+	cmd := exec.CommandContext(ctx, psql, "-X", "-q", "-At", "-v", "VERBOSITY=verbose", "-d", url, "-f", file)
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	if err := cmd.Run(); err != nil {
+		fmt.Fprintf(&errOut, "\npsql: %v", err)
+	}
+	return out.String(), errOut.String()
 }

@@ -216,8 +216,8 @@ func (w *serverWatch) Stop(t *testing.T, what string) {
 		t.Fatal(w.err)
 	}
 	if len(w.over) > 0 {
-		t.Errorf("%s: pg_stat_activity showed more server connections than --pool-size %d: %s",
-			what, txPoolSize, strings.Join(w.over, ", "))
+		t.Errorf("%s: pg_stat_activity showed more server connections than --pool-size %d in %d samples: %s",
+			what, txPoolSize, len(w.over), strings.Join(w.over[:min(len(w.over), 10)], ", "))
 	}
 	if w.maxServers == 0 {
 		t.Errorf("%s: %d samples of pg_stat_activity never showed a server connection of %s", what, w.samples, testenv.SCRAMUser)
@@ -311,7 +311,7 @@ func sqlState(err error) string {
 // filled INSERTs and leaf_next in simple queries, parameterised queries and named prepared
 // statements, inside and outside transactions (half of them rolled back); a named
 // statement is parsed once per client and then bound on whichever server connection
-// each transaction gets.
+// each transaction gets, and one that fails with 22012 leaves the session usable.
 func TestTxPoolNodePg(t *testing.T) {
 	node, npm := nodeTools(t)
 	dir := nodeDir(t)
@@ -348,9 +348,9 @@ func TestTxPoolNodePg(t *testing.T) {
 		}
 		ids.add(kind, id)
 	}
-	// Per round: 3 rows outside a transaction, 3 in one (committed in even rounds), 6
-	// leaf_next IDs.
-	wantRows, wantGone := txClients*(3*rounds+3*((rounds+1)/2)), txClients*3*(rounds/2)
+	// Per round: 3 rows outside a transaction, 3 in one (committed in even rounds), 1 in
+	// a transaction that fails, 6 leaf_next IDs.
+	wantRows, wantGone := txClients*(3*rounds+3*((rounds+1)/2)), txClients*(3*(rounds/2)+rounds)
 	if len(rows) != wantRows || len(gone) != wantGone || len(next) != txClients*6*rounds {
 		t.Fatalf("node read back %d rows, %d rolled back, %d leaf_next IDs; want %d, %d, %d",
 			len(rows), len(gone), len(next), wantRows, wantGone, txClients*6*rounds)
@@ -370,8 +370,8 @@ type txGormRow struct {
 func (txGormRow) TableName() string { return "gorm_rows" }
 
 // TestTxPoolGORM runs GORM with 50 goroutines over a pool of 5, each on a session of its
-// own (database/sql opens 50): Create, First, Transaction (committed and rolled back),
-// Save and batch Create, with GORM's defaults (pgx caching prepared statements), with
+// own (database/sql opens 50): Create, First, Transaction (committed and rolled back,
+// with a nested one rolled back to its savepoint), Save and batch Create, with GORM's defaults (pgx caching prepared statements), with
 // GORM's own PrepareStmt, and with PreferSimpleProtocol.
 func TestTxPoolGORM(t *testing.T) {
 	tp := startTxPool(t, "txgorm", 22, []string{"gorm_rows.id=" + snowOrder},
@@ -485,8 +485,10 @@ func gormClient(db *gorm.DB, client string, rounds int) (kept, rolledBack []int6
 		if err := db.Save(&one).Error; err != nil {
 			return kept, rolledBack, fmt.Errorf("%s: Save: %w", client, err)
 		}
-		// A committed transaction: two Creates, a Save and a First that sees the Save.
+		// A committed transaction: two Creates, a Save, a First that sees the Save, and a
+		// nested transaction (a savepoint) rolled back.
 		var pair [2]txGormRow
+		var inner txGormRow
 		err := db.Transaction(func(tx *gorm.DB) error {
 			for i := range pair {
 				pair[i] = txGormRow{Client: client}
@@ -505,12 +507,23 @@ func gormClient(db *gorm.DB, client string, rounds int) (kept, rolledBack []int6
 			if seen.Version != 10+r {
 				return fmt.Errorf("version %d inside the transaction, want %d", seen.Version, 10+r)
 			}
+			err := tx.Transaction(func(tx *gorm.DB) error {
+				inner = txGormRow{Client: client}
+				if err := tx.Create(&inner).Error; err != nil {
+					return err
+				}
+				return errRollBack
+			})
+			if !errors.Is(err, errRollBack) {
+				return fmt.Errorf("nested transaction: %v", err)
+			}
 			return nil
 		})
 		if err != nil {
 			return kept, rolledBack, fmt.Errorf("%s: Transaction: %w", client, err)
 		}
 		kept = append(kept, pair[0].ID, pair[1].ID)
+		rolledBack = append(rolledBack, inner.ID)
 		// A rolled-back transaction: its row must not be stored.
 		var lost txGormRow
 		err = db.Transaction(func(tx *gorm.DB) error {
@@ -741,7 +754,8 @@ func pgxClient(ctx context.Context, pp *pgxpool.Pool, client, rounds int) (got p
 // load of filled INSERTs and leaf_next (prepared, parameterised and simple) from 20
 // other sessions checking that they keep the default search_path: each setting follows
 // its client from server connection to server connection and reaches nobody else.
-// LISTEN and pg_advisory_lock are refused with 0A000 and the session goes on.
+// LISTEN and pg_advisory_lock are refused with 0A000 and the session goes on. psql also
+// inserts (simple protocol, in and out of a transaction) and COPYs into a filled table.
 func TestTxPoolLibPQAndPsql(t *testing.T) {
 	psql := lookTool(t, "psql")
 	tp := startTxPool(t, "txpq", 24, []string{"pq_rows.id=" + snowOrder},
@@ -803,6 +817,12 @@ BEGIN;
 INSERT INTO pq_rows (client, note) VALUES ('psql', 'tx') RETURNING 'id=' || id;
 SELECT 'tx=' || v FROM t;
 COMMIT;
+COPY pq_rows (client, note) FROM STDIN;
+psql	copy 1
+psql	copy 2
+psql	copy 3
+\.
+SELECT 'copied=' || count(DISTINCT id) FROM pq_rows WHERE note LIKE 'copy %';
 SHOW search_path;
 `), 0o644); err != nil {
 		t.Fatal(err)
@@ -907,7 +927,7 @@ SHOW search_path;
 
 	stdout, stderr := psqlRes[0], psqlRes[1]
 	lines := strings.Split(strings.TrimSpace(stdout), "\n")
-	wantShape := []string{defaultPath, "v=b", "after listen=b", "id=", "", "id=", "tx=b", "sb, public"}
+	wantShape := []string{defaultPath, "v=b", "after listen=b", "id=", "", "id=", "tx=b", "copied=3", "sb, public"}
 	if len(lines) != len(wantShape) {
 		t.Fatalf("psql printed %d lines, want %d:\n%s\nstderr:\n%s", len(lines), len(wantShape), stdout, stderr)
 	}
@@ -932,7 +952,7 @@ SHOW search_path;
 		t.Fatalf("psql: %d errors with SQLSTATE 0A000, want 2 (LISTEN, pg_advisory_lock):\n%s", n, stderr)
 	}
 	ids.check(t)
-	checkStored(t, tp.dsn, "pq_rows", len(rows), rows, nil)
+	checkStored(t, tp.dsn, "pq_rows", len(rows)+3, rows, nil) // and psql's COPY
 }
 
 // pqLoad is one session of the load of TestTxPoolLibPQAndPsql, until stop: a prepared

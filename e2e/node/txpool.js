@@ -2,7 +2,8 @@
 // the client count. Every client connects first, so that all sessions are open together;
 // then each inserts rows without an ID (the proxy fills the key) and asks for IDs with
 // leaf_next, in simple queries, parameterised queries and named prepared statements used
-// across transactions. Prints "row <id>" for each row it committed, "gone <id>" for each
+// across transactions, and a named statement failing outside and inside a transaction.
+// Prints "row <id>" for each row it committed, "gone <id>" for each
 // row of a transaction it rolled back and "next <id>" for each bare leaf_next ID.
 //
 // Usage: DATABASE_URL=postgres://user:pw@127.0.0.1:6432/db TABLE=t TAG=order CLIENTS=50 ROUNDS=4 node txpool.js
@@ -32,6 +33,19 @@ function id(value) {
     throw new Error(`not an ID: ${JSON.stringify(value)}`);
   }
   return s;
+}
+
+// expectCode waits for a query that must fail with the SQLSTATE code.
+async function expectCode(query, code, what) {
+  let err = null;
+  try {
+    await query;
+  } catch (e) {
+    err = e;
+  }
+  if (!err || err.code !== code) {
+    throw new Error(`${what}: got ${err ? `${err.code} ${err.message}` : 'no error'}, want SQLSTATE ${code}`);
+  }
 }
 
 // work runs one client's rounds and returns the lines it has to print.
@@ -87,6 +101,22 @@ async function work(client, n, table, tag, rounds) {
     for (const m of mine) {
       out.push(`${keep ? 'row' : 'gone'} ${m}`);
     }
+
+    // A named statement that fails when it runs: the error is this client's, the
+    // statement stays prepared and the session goes on, outside and inside a transaction.
+    const divide = (d) => ({ name: 'txpool-divide', text: 'SELECT 10 / $1::int AS q', values: [d] });
+    await expectCode(client.query(divide(0)), '22012', `${who}: division by zero`);
+    res = await client.query(divide(5));
+    if (res.rows[0].q !== 2) {
+      throw new Error(`${who}: 10 / 5 = ${res.rows[0].q}`);
+    }
+    await client.query('BEGIN');
+    res = await client.query(named(`failed tx ${r}`));
+    const lost = id(res.rows[0].id);
+    await expectCode(client.query(divide(0)), '22012', `${who}: division by zero in a transaction`);
+    await expectCode(client.query(divide(2)), '25P02', `${who}: a statement in a failed transaction`);
+    await client.query('ROLLBACK');
+    out.push(`gone ${lost}`);
   }
   return out;
 }

@@ -750,10 +750,11 @@ func pgxClient(ctx context.Context, pp *pgxpool.Pool, client, rounds int) (got p
 }
 
 // TestTxPoolLibPQAndPsql runs lib/pq with 50 sessions and psql over a pool of 5. Two
-// lib/pq sessions and a psql session SET search_path to schemas of their own, under a
-// load of filled INSERTs and leaf_next (prepared, parameterised and simple) from 20
-// other sessions checking that they keep the default search_path: each setting follows
-// its client from server connection to server connection and reaches nobody else.
+// lib/pq sessions and a psql session SET search_path to schemas of their own (and one
+// SET ROLE), under a load of filled INSERTs and leaf_next (prepared, parameterised and
+// simple) from 20 other sessions checking that they keep the default search_path and
+// user: each setting follows its client from server connection to server connection
+// and reaches nobody else.
 // LISTEN and pg_advisory_lock are refused with 0A000 and the session goes on. psql also
 // inserts (simple protocol, in and out of a transaction) and COPYs into a filled table.
 func TestTxPoolLibPQAndPsql(t *testing.T) {
@@ -764,6 +765,11 @@ func TestTxPoolLibPQAndPsql(t *testing.T) {
 		 CREATE SCHEMA sb; CREATE TABLE sb.t AS SELECT 'b'::text AS v;
 		 GRANT USAGE ON SCHEMA sa, sb TO `+testenv.SCRAMUser+`;
 		 GRANT SELECT ON sa.t, sb.t TO `+testenv.SCRAMUser)
+	// A role of this database's own that the pooled user may SET ROLE to.
+	role := queryText(t, tp.dsn, "SELECT current_database() || '_role'")
+	execSQL(t, tp.dsn, "CREATE ROLE "+role+" NOLOGIN; GRANT "+role+" TO "+testenv.SCRAMUser+
+		"; GRANT USAGE ON SCHEMA sb TO "+role+"; GRANT SELECT ON sb.t TO "+role)
+	t.Cleanup(func() { execSQL(t, tp.dsn, "DROP OWNED BY "+role+"; DROP ROLE "+role) })
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	db, err := sql.Open("postgres", tp.url)
@@ -848,6 +854,11 @@ SHOW search_path;
 			t.Fatal(err)
 		}
 	}
+	// SET ROLE too, which pg_settings does not list.
+	if _, err := cb.ExecContext(ctx, "SET ROLE "+role); err != nil {
+		t.Fatal(err)
+	}
+	users := map[*sql.Conn]string{ca: testenv.SCRAMUser, cb: role}
 	pids := map[string]map[int]bool{"a": {}, "b": {}}
 	var psqlRes *[2]string
 	for round := 0; round < 30 || psqlRes == nil; round++ {
@@ -857,14 +868,14 @@ SHOW search_path;
 		default:
 		}
 		for c, v := range map[*sql.Conn]string{ca: "a", cb: "b"} {
-			var path, got string
+			var path, got, user string
 			var pid int
-			err := c.QueryRowContext(ctx, "SELECT current_setting('search_path'), (SELECT v FROM t), pg_backend_pid()").Scan(&path, &got, &pid)
+			err := c.QueryRowContext(ctx, "SELECT current_setting('search_path'), (SELECT v FROM t), current_user, pg_backend_pid()").Scan(&path, &got, &user, &pid)
 			if err != nil {
 				t.Fatalf("round %d, client %s: %v", round, v, err)
 			}
-			if path != "s"+v+", public" || got != v {
-				t.Fatalf("round %d: client %s has search_path %q and sees table t of %q", round, v, path, got)
+			if path != "s"+v+", public" || got != v || user != users[c] {
+				t.Fatalf("round %d: client %s has search_path %q, sees table t of %q and is %s (want %s)", round, v, path, got, user, users[c])
 			}
 			pids[v][pid] = true
 		}
@@ -880,12 +891,12 @@ SHOW search_path;
 		if err := tx.Commit(); err != nil {
 			t.Fatal(err)
 		}
-		var path string
-		if err := plain.QueryRowContext(ctx, "SELECT current_setting('search_path')").Scan(&path); err != nil {
+		var path, user string
+		if err := plain.QueryRowContext(ctx, "SELECT current_setting('search_path'), current_user").Scan(&path, &user); err != nil {
 			t.Fatal(err)
 		}
-		if path != defaultPath {
-			t.Fatalf("round %d: a client that set nothing has search_path %q, want %q", round, path, defaultPath)
+		if path != defaultPath || user != testenv.SCRAMUser {
+			t.Fatalf("round %d: a client that set nothing has search_path %q and current_user %s, want %q and %s", round, path, user, defaultPath, testenv.SCRAMUser)
 		}
 		_, err = plain.ExecContext(ctx, "SELECT v FROM t")
 		if sqlState(err) != "42P01" {
@@ -978,12 +989,13 @@ func pqLoad(ctx context.Context, db *sql.DB, insert *sql.Stmt, client int, defau
 		}
 		ids.add("lib/pq", id)
 		ids.add("lib/pq leaf_next", next, param)
-		var path string
-		if err := db.QueryRowContext(ctx, "SELECT current_setting('search_path')").Scan(&path); err != nil {
+		var path, user string
+		if err := db.QueryRowContext(ctx, "SELECT current_setting('search_path'), current_user").Scan(&path, &user); err != nil {
 			return fmt.Errorf("load %d: %w", client, err)
 		}
-		if path != defaultPath {
-			return fmt.Errorf("load %d: search_path %q, want the default %q: another client's SET reached it", client, path, defaultPath)
+		if path != defaultPath || user != testenv.SCRAMUser {
+			return fmt.Errorf("load %d: search_path %q and current_user %s, want the default %q and %s: another client's SET reached it",
+				client, path, user, defaultPath, testenv.SCRAMUser)
 		}
 	}
 }

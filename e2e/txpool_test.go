@@ -311,7 +311,8 @@ func sqlState(err error) string {
 // filled INSERTs and leaf_next in simple queries, parameterised queries and named prepared
 // statements, inside and outside transactions (half of them rolled back); a named
 // statement is parsed once per client and then bound on whichever server connection
-// each transaction gets, and one that fails with 22012 leaves the session usable.
+// each transaction gets, and one that fails with 22012 leaves the session usable, as do
+// LISTEN and pg_advisory_lock($1), refused with 0A000.
 func TestTxPoolNodePg(t *testing.T) {
 	node, npm := nodeTools(t)
 	dir := nodeDir(t)
@@ -755,7 +756,8 @@ func pgxClient(ctx context.Context, pp *pgxpool.Pool, client, rounds int) (got p
 // simple) from 20 other sessions checking that they keep the default search_path and
 // user: each setting follows its client from server connection to server connection
 // and reaches nobody else.
-// LISTEN and pg_advisory_lock are refused with 0A000 and the session goes on. psql also
+// LISTEN and pg_advisory_lock (and, from psql, a temporary table and SQL-level PREPARE)
+// are refused with 0A000 and the session goes on. psql also
 // inserts (simple protocol, in and out of a transaction) and COPYs into a filled table.
 func TestTxPoolLibPQAndPsql(t *testing.T) {
 	psql := lookTool(t, "psql")
@@ -817,6 +819,8 @@ SELECT 'v=' || v FROM t;
 LISTEN channel;
 SELECT 'after listen=' || v FROM t;
 SELECT pg_advisory_lock(7);
+CREATE TEMP TABLE scratch (x int);
+PREPARE p AS SELECT 1;
 INSERT INTO pq_rows (client, note) VALUES ('psql', 'simple') RETURNING 'id=' || id;
 SELECT leaf_next('`+snowOrder+`');
 BEGIN;
@@ -959,8 +963,8 @@ SHOW search_path;
 			}
 		}
 	}
-	if n := strings.Count(stderr, "ERROR:  0A000"); n != 2 {
-		t.Fatalf("psql: %d errors with SQLSTATE 0A000, want 2 (LISTEN, pg_advisory_lock):\n%s", n, stderr)
+	if n := strings.Count(stderr, "ERROR:  0A000"); n != 4 || strings.Count(stderr, "ERROR:") != 4 {
+		t.Fatalf("psql: %d errors with SQLSTATE 0A000, want 4 (LISTEN, pg_advisory_lock, CREATE TEMP TABLE, PREPARE) and no other:\n%s", n, stderr)
 	}
 	ids.check(t)
 	checkStored(t, tp.dsn, "pq_rows", len(rows)+3, rows, nil) // and psql's COPY

@@ -2,7 +2,8 @@
 // the client count. Every client connects first, so that all sessions are open together;
 // then each inserts rows without an ID (the proxy fills the key) and asks for IDs with
 // leaf_next, in simple queries, parameterised queries and named prepared statements used
-// across transactions, and a named statement failing outside and inside a transaction.
+// across transactions, a named statement failing outside and inside a transaction, and
+// LISTEN and a session advisory lock refused with 0A000.
 // Prints "row <id>" for each row it committed, "gone <id>" for each
 // row of a transaction it rolled back and "next <id>" for each bare leaf_next ID.
 //
@@ -117,6 +118,11 @@ async function work(client, n, table, tag, rounds) {
     await expectCode(client.query(divide(2)), '25P02', `${who}: a statement in a failed transaction`);
     await client.query('ROLLBACK');
     out.push(`gone ${lost}`);
+
+    // What cannot follow a client between server connections is refused, and the
+    // session goes on.
+    await expectCode(client.query('LISTEN leaf_channel'), '0A000', `${who}: LISTEN`);
+    await expectCode(client.query('SELECT pg_advisory_lock($1)', [r]), '0A000', `${who}: pg_advisory_lock($1)`);
   }
   return out;
 }

@@ -372,8 +372,9 @@ func (txGormRow) TableName() string { return "gorm_rows" }
 
 // TestTxPoolGORM runs GORM with 50 goroutines over a pool of 5, each on a session of its
 // own (database/sql opens 50): Create, First, Transaction (committed and rolled back,
-// with a nested one rolled back to its savepoint), Save and batch Create, with GORM's defaults (pgx caching prepared statements), with
-// GORM's own PrepareStmt, and with PreferSimpleProtocol.
+// with a nested one rolled back to its savepoint), Save, batch Create and leaf_next
+// through Raw, with GORM's defaults (pgx caching prepared statements), with GORM's own
+// PrepareStmt, and with PreferSimpleProtocol.
 func TestTxPoolGORM(t *testing.T) {
 	tp := startTxPool(t, "txgorm", 22, []string{"gorm_rows.id=" + snowOrder},
 		`CREATE TABLE gorm_rows (id bigint PRIMARY KEY, client text NOT NULL, version int NOT NULL)`)
@@ -412,7 +413,7 @@ func TestTxPoolGORM(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					kept, rolledBack, err := gormClient(db, fmt.Sprintf("gorm %s %d", v.name, i), rounds)
+					kept, rolledBack, err := gormClient(db, ids, fmt.Sprintf("gorm %s %d", v.name, i), rounds)
 					mu.Lock()
 					rows, gone = append(rows, kept...), append(gone, rolledBack...)
 					mu.Unlock()
@@ -464,8 +465,8 @@ func openSessions(t *testing.T, db *sql.DB) {
 var errRollBack = errors.New("roll back")
 
 // gormClient is one goroutine of TestTxPoolGORM. It returns the IDs of the rows it
-// committed and of those it rolled back.
-func gormClient(db *gorm.DB, client string, rounds int) (kept, rolledBack []int64, err error) {
+// committed and of those it rolled back, and adds its leaf_next IDs to ids.
+func gormClient(db *gorm.DB, ids *idSet, client string, rounds int) (kept, rolledBack []int64, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	db = db.WithContext(ctx)
@@ -548,6 +549,12 @@ func gormClient(db *gorm.DB, client string, rounds int) (kept, rolledBack []int6
 			}
 			kept = append(kept, b.ID)
 		}
+		// leaf_next through Raw: a parameter, or inlined with PreferSimpleProtocol.
+		var next int64
+		if err := db.Raw("SELECT leaf_next(?)", snowOrder).Scan(&next).Error; err != nil || next <= 0 {
+			return kept, rolledBack, fmt.Errorf("%s: leaf_next: %d, %v", client, next, err)
+		}
+		ids.add("gorm leaf_next", next)
 		var versions []int
 		if err := db.Model(&txGormRow{}).Where("id IN ?", []int64{one.ID, pair[0].ID}).Order("version").Pluck("version", &versions).Error; err != nil {
 			return kept, rolledBack, fmt.Errorf("%s: Pluck: %w", client, err)

@@ -65,8 +65,9 @@ var notCarried = map[string]bool{
 
 // captureSQL reads back the settings a client changed with SET (or RESET) once its
 // transaction has ended: those with source "session" are exactly what SET, set_config and
-// the proxy's own set_config left on the connection.
-const captureSQL = "SELECT name, pg_catalog.current_setting(name) FROM pg_catalog.pg_settings WHERE source = 'session'"
+// the proxy's own set_config left on the connection. pg_settings never lists role, which
+// SET ROLE changes: it is read on its own, lest it stay on the connection for the next client.
+const captureSQL = "SELECT name, pg_catalog.current_setting(name) FROM pg_catalog.pg_settings WHERE source = 'session' UNION ALL SELECT 'role', pg_catalog.current_setting('role') WHERE pg_catalog.current_setting('role') <> 'none'"
 
 // clientStmt is a statement the client parsed: the body of its Parse after the name
 // (query, parameter types) and the name it has at the server.

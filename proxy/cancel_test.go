@@ -276,14 +276,18 @@ func cancelLegs(t *testing.T) []loopLeg {
 }
 
 // wantServedBy fails the test unless every session of srv is on an event loop (loop true)
-// or none is.
+// or none is. The connection that carried a cancel request is tracked until it has
+// closed, a moment after the cancelled statement has ended; it is waited for.
 func wantServedBy(t *testing.T, srv *Server, loop bool) {
 	t.Helper()
-	for _, onLoop := range loopStates(srv) {
-		if onLoop != loop {
-			t.Fatalf("a session on an event loop: %v, want %v", onLoop, loop)
+	waitFor(t, 10*time.Second, fmt.Sprintf("every session on an event loop: %v", loop), func() error {
+		for _, onLoop := range loopStates(srv) {
+			if onLoop != loop {
+				return fmt.Errorf("a session on an event loop: %v, want %v", onLoop, loop)
+			}
 		}
-	}
+		return nil
+	})
 }
 
 // TestCancelReachesSession cancels a running statement with pgx (context cancellation

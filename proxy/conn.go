@@ -56,7 +56,8 @@ type conn struct {
 	// server.nc then hold placeholders, and everything happens on the loop's goroutine.
 	loop atomic.Pointer[loopSession]
 
-	upstreamAddr string // where the session's upstream is (see route); set before the dial
+	upstreamAddr string   // where the session's upstream is (see route); set before the dial
+	poolMode     PoolMode // how the session gets server connections (see route)
 }
 
 func newConnState(s *Server, nc net.Conn) *conn {
@@ -104,7 +105,7 @@ func (c *conn) serve() {
 	if !c.authenticateClient(params) {
 		return
 	}
-	if s.transactionPooling() {
+	if c.transactionPooling() {
 		adopted = c.servePooled(packet) // a parked session goes on without this goroutine
 		return
 	}

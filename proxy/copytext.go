@@ -3,6 +3,7 @@ package proxy
 import (
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/leafproxy/leafproxy/internal/sqlstate"
@@ -26,16 +27,50 @@ func (c *conn) noteParameterStatus(body []byte) {
 	case "DateStyle":
 		c.server.timeParams.iso = strings.HasPrefix(value, "ISO")
 	case "TimeZone":
-		loc, err := time.LoadLocation(value)
-		if err != nil {
-			loc = nil // a zone Go does not know: the server prints the timestamps
-		}
-		c.server.timeParams.loc = loc
+		c.server.timeParams.loc = zones.load(value)
 	default:
 		return
 	}
 	tf := c.server.timeParams
 	c.server.timeFormat.Store(&tf)
+}
+
+// zones are the time zones the server has reported, loaded once: every session learns
+// its TimeZone at startup, and reading the zone database (a file) for each would be a
+// good part of what a new connection costs.
+var zones = zoneCache{max: 256}
+
+// zoneCache maps the names of time zones to their locations, nil for a name Go does not
+// know; it holds max names at most, past which a name is loaded every time (a client can
+// set many zones, each spelled many ways).
+type zoneCache struct {
+	mu   sync.Mutex
+	max  int
+	locs map[string]*time.Location
+}
+
+// load returns the location named name, nil for a zone Go does not know (the server then
+// prints the timestamps).
+func (z *zoneCache) load(name string) *time.Location {
+	z.mu.Lock()
+	loc, ok := z.locs[name]
+	z.mu.Unlock()
+	if ok {
+		return loc
+	}
+	loc, err := time.LoadLocation(name)
+	if err != nil {
+		loc = nil
+	}
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	if z.locs == nil {
+		z.locs = make(map[string]*time.Location)
+	}
+	if len(z.locs) < z.max {
+		z.locs[name] = loc
+	}
+	return loc
 }
 
 // errUnsafeEncoding refuses a text or CSV COPY that the proxy would fill in an encoding

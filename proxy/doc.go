@@ -115,8 +115,9 @@
 //     allocating.
 //   - cancel.go: CancelRequest: the registry of keys handed out, forwarding upstream.
 //
-// Transaction mode (Server.PoolMode PoolTransaction): a session's server connection is
-// a pooledConn, which borrows a connection of proxy/pool per transaction:
+// Transaction mode (the session's route, its user or Server.PoolMode says
+// PoolTransaction; see route.go): a session's server connection is a pooledConn, which
+// borrows a connection of proxy/pool per transaction:
 //
 //   - pooled.go: PoolMode, the Server's pool and its Connector: the pooled connections
 //     (physConn), their logins, reset and close.

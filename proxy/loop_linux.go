@@ -37,30 +37,49 @@ const loopYieldEvery = 5 * time.Millisecond
 // loopIdleWait is how often a loop with a pending deadline looks at its clock.
 const loopIdleWait = 100 * time.Millisecond
 
+// loopLinger is how long a loop whose last session has ended waits for the next one
+// before it stops.
+const loopLinger = time.Second
+
 // loopGroup is a server's set of event loops (Server.EventLoops of them at most). A loop
-// starts with its first session and stops when its last one ends, so an idle server holds
-// none.
+// starts with its first session. When its last session ends it waits loopLinger for the
+// next one before it stops, so that a client that connects for every request does not
+// pay for starting and ending a loop each time; a second idle loop stops at once, and
+// close stops the idle one. An idle server thus holds no loop after a second.
 type loopGroup struct {
-	mu    sync.Mutex
-	loops []*eventLoop // nil where no loop runs
+	mu     sync.Mutex
+	loops  []*eventLoop // nil where no loop runs
+	closed bool         // the server is closed: loops stop with their last session
 }
 
-// assign picks the loop for a new session among n, starting one in a free slot first.
+// assign picks the loop for a new session among n: an idle running loop first, then a
+// free slot, where it starts one, then the loop with the fewest sessions.
 func (g *loopGroup) assign(n int) (*eventLoop, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.loops == nil {
 		g.loops = make([]*eventLoop, n)
 	}
-	best := -1
+	idle, free, least := -1, -1, -1
 	for i, l := range g.loops {
-		if l == nil {
-			best = i
-			break
+		switch {
+		case l == nil:
+			if free < 0 {
+				free = i
+			}
+		case l.sessions == 0:
+			if idle < 0 {
+				idle = i
+			}
+		case least < 0 || l.sessions < g.loops[least].sessions:
+			least = i
 		}
-		if best < 0 || l.sessions < g.loops[best].sessions {
-			best = i
-		}
+	}
+	best := least
+	if idle >= 0 {
+		best = idle
+	} else if free >= 0 {
+		best = free
 	}
 	l := g.loops[best]
 	if l == nil {
@@ -72,6 +91,7 @@ func (g *loopGroup) assign(n int) (*eventLoop, error) {
 		go l.run()
 	}
 	l.sessions++
+	l.idle.Store(false)
 	return l, nil
 }
 
@@ -88,14 +108,57 @@ func (g *loopGroup) running() int {
 	return n
 }
 
-// release gives back a session's place in l, stopping l when it was the last.
+// release gives back a session's place in l. When it was the last, l stops, or waits
+// loopLinger for the next session when no other loop is idle.
 func (g *loopGroup) release(l *eventLoop) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	l.sessions--
-	if l.sessions == 0 {
+	if l.sessions > 0 {
+		return
+	}
+	if g.closed || g.idleOtherThan(l) {
 		g.loops[l.slot] = nil
 		l.stop()
+		return
+	}
+	// The loop may be asleep without a timeout (release may come from another
+	// goroutine): wake it to start counting.
+	l.idle.Store(true)
+	l.wake()
+}
+
+// stopIfIdle stops l when it still has no session; its own goroutine calls it once l has
+// waited loopLinger for one.
+func (g *loopGroup) stopIfIdle(l *eventLoop) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if l.sessions == 0 && g.loops[l.slot] == l {
+		g.loops[l.slot] = nil
+		l.stop()
+	}
+}
+
+// idleOtherThan reports whether a loop other than l runs with no session; under g.mu.
+func (g *loopGroup) idleOtherThan(l *eventLoop) bool {
+	for _, o := range g.loops {
+		if o != nil && o != l && o.sessions == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// close stops the idle loops, and makes every other loop stop with its last session.
+func (g *loopGroup) close() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.closed = true
+	for i, l := range g.loops {
+		if l != nil && l.sessions == 0 {
+			g.loops[i] = nil
+			l.stop()
+		}
 	}
 }
 
@@ -107,6 +170,8 @@ type eventLoop struct {
 
 	epfd   int
 	wakefd int
+
+	idle atomic.Bool // no session since the last one ended: the loop waits loopLinger, then stops
 
 	mu      sync.Mutex // guards posted, woken and stopped, and the eventfd against its close
 	posted  []func()
@@ -173,6 +238,13 @@ func (l *eventLoop) wakeLocked() {
 	_, _ = unix.Write(l.wakefd, one[:])
 }
 
+// wake makes the loop go round once.
+func (l *eventLoop) wake() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.wakeLocked()
+}
+
 // stop ends the loop; it may be called from any goroutine (a session that could not be
 // adopted gives its place back from its own), so the loop is woken to notice.
 func (l *eventLoop) stop() {
@@ -212,6 +284,8 @@ func (l *eventLoop) run() {
 			timeout = 0
 		case len(l.timed) > 0:
 			timeout = int(loopIdleWait / time.Millisecond)
+		case l.idle.Load():
+			timeout = int(loopLinger / time.Millisecond)
 		}
 		if now := time.Now(); now.Sub(lastYield) >= loopYieldEvery {
 			// A goroutine that the scheduler never sees switch for 10 ms is taken for a
@@ -223,6 +297,10 @@ func (l *eventLoop) run() {
 			runtime.Gosched()
 		}
 		n, err := unix.EpollWait(l.epfd, events, timeout)
+		if n == 0 && err == nil && l.idle.Load() {
+			l.group.stopIfIdle(l)
+			continue
+		}
 		if err != nil && err != unix.EINTR {
 			// Not expected with a valid epoll descriptor; end the sessions rather
 			// than spin.

@@ -12,6 +12,7 @@ type loopSession struct{}
 func (s *Server) adopt(*conn) bool { return false }
 
 func (*loopGroup) running() int { return 0 }
+func (*loopGroup) close()       {}
 
 func (*loopSession) whenQuiet(func() bool) {}
 func (*loopSession) drainClient()          {}

@@ -680,6 +680,77 @@ func TestLoopStopsWhenReleasedElsewhere(t *testing.T) {
 	}
 }
 
+// TestLoopLingersForTheNextSession checks that a loop whose last session ended serves
+// the next session (a client that connects per request would otherwise start and end a
+// loop every time), that a second idle loop stops at once, that the idle loop stops by
+// itself after loopLinger, and that close stops an idle loop at once.
+func TestLoopLingersForTheNextSession(t *testing.T) {
+	var g loopGroup
+	a, err := g.assign(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := g.assign(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a == b {
+		t.Fatal("a second session shared the busy loop although a slot was free")
+	}
+	g.release(a)
+	g.release(b)
+	select {
+	case <-b.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second idle loop did not stop")
+	}
+	if n := g.running(); n != 1 {
+		t.Fatalf("%d loops running after both sessions ended, want 1", n)
+	}
+	again, err := g.assign(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again != a {
+		t.Fatal("the next session did not get the idle loop")
+	}
+	ran := make(chan struct{})
+	a.post(func() { close(ran) })
+	select {
+	case <-ran:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the idle loop does not run posted work")
+	}
+	g.release(a)
+	released := time.Now()
+	select {
+	case <-a.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the idle loop did not stop by itself")
+	}
+	if waited := time.Since(released); waited < loopLinger {
+		t.Fatalf("the idle loop stopped after %v, before loopLinger (%v)", waited, loopLinger)
+	}
+	if n := g.running(); n != 0 {
+		t.Fatalf("%d loops running", n)
+	}
+
+	c, err := g.assign(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.release(c)
+	g.close()
+	if !c.isStopped() {
+		t.Fatal("close did not stop the idle loop")
+	}
+	select {
+	case <-c.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the idle loop did not end after close")
+	}
+}
+
 // TestLoopCloseBeforeTLSTakeover closes a TLS session just before its loop takes it over:
 // its TLS connections must stay on their own sockets, which the close ends (with
 // close_notify), and never be pointed at the loop's duplicates, which adopt then closes:

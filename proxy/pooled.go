@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unique"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
@@ -99,9 +100,6 @@ func (s *Server) poolKey(addr, database, user string, front *pgauth.Login) pool.
 	return key
 }
 
-// transactionPooling reports whether sessions run in transaction mode.
-func (s *Server) transactionPooling() bool { return s.PoolMode == PoolTransaction }
-
 // serverPool returns the pool of server connections, creating it on first use.
 func (s *Server) serverPool() (*pool.Pool[*physConn], error) {
 	s.pooling.mu.Lock()
@@ -120,10 +118,17 @@ func (s *Server) serverPool() (*pool.Pool[*physConn], error) {
 	return p, nil
 }
 
-// poolSettings fills in what the Server knows of a pool's settings.
+// poolSettings fills in what the Server knows of a pool's settings: among them the
+// limits of the databases and users of the routing table (see routedLimits).
 func (s *Server) poolSettings(settings pool.Settings) pool.Settings {
 	if settings.Log == nil {
 		settings.Log = s.logger()
+	}
+	if settings.PerKey == nil {
+		settings.PerKey = s.routedLimits
+	}
+	if settings.PerDatabase == nil {
+		settings.PerDatabase = s.routedMaxDB
 	}
 	if settings.ServerConnectTimeout == 0 {
 		settings.ServerConnectTimeout = s.dialTimeout() + s.startupTimeout()
@@ -149,7 +154,9 @@ func (s *Server) PoolStats() []pool.Stats {
 }
 
 // ReloadPooling applies new pool settings (sizes, timeouts) to a running server: the
-// pools in use take them as pool.Pool.Reload says. PoolMode cannot change.
+// pools in use take them as pool.Pool.Reload says, with the limits of the routing table
+// in use (call it after SetRoutes). PoolMode cannot change; the pool modes of a routing
+// table apply to the sessions that start after SetRoutes.
 func (s *Server) ReloadPooling(settings pool.Settings) error {
 	s.pooling.mu.Lock()
 	defer s.pooling.mu.Unlock()
@@ -197,6 +204,10 @@ type physConn struct {
 	// unnamed is the client statement the unnamed statement of this connection was last
 	// parsed from, nil when unknown.
 	unnamed *clientStmt
+	// applied: params is what applySettings made of the client settings appliedKey
+	// stands for (see pooledConn.settingsKey), and nothing changed them since.
+	applied    bool
+	appliedKey unique.Handle[string]
 }
 
 type paramValue struct{ name, value string }
@@ -341,6 +352,7 @@ func (pc physConnector) Reset(ctx context.Context, p *physConn) error {
 	}
 	clear(p.prepared)
 	p.unnamed = nil
+	p.applied = false
 	for {
 		typ, body, err := p.readMessage()
 		if err != nil {

@@ -284,6 +284,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.inShutdown.Store(true)
 	s.closeListeners()
 	s.mu.Unlock()
+	s.loops.close()
 
 	wait := time.Millisecond
 	timer := time.NewTimer(wait)
@@ -328,6 +329,7 @@ func (s *Server) Close() error {
 	s.inShutdown.Store(true)
 	s.closeListeners()
 	s.mu.Unlock()
+	s.loops.close()
 	s.closeAllConns()
 	s.closePool()
 	return nil

@@ -715,3 +715,51 @@ func TestTxPoolLargeMessages(t *testing.T) {
 		}
 	}
 }
+
+// TestTxPoolSetRoleDoesNotLeak: SET ROLE follows its client and never reaches another
+// over a pool of one connection. pg_settings does not list role, so the proxy reads it
+// back on its own.
+func TestTxPoolSetRoleDoesNotLeak(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p := startProxy(t, db, inTransactionMode, func(s *Server) { s.Pooling.PoolSize = 1 })
+	ctx := testContext(t)
+	setup := connect(t, db)
+	role := dbName(t, db) + "_role"
+	if _, err := setup.Exec(ctx, "CREATE ROLE "+role+" NOLOGIN"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = setup.Exec(context.Background(), "DROP ROLE "+role) })
+	setter := connect(t, p.url(db))
+	plain := connect(t, p.url(db))
+	var session string
+	if err := plain.QueryRow(ctx, "SELECT current_user").Scan(&session); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := setter.Exec(ctx, "SET ROLE "+role, pgx.QueryExecModeSimpleProtocol); err != nil {
+		t.Fatal(err)
+	}
+	user := func(c *pgx.Conn) string {
+		t.Helper()
+		var u string
+		if err := c.QueryRow(ctx, "SELECT current_user").Scan(&u); err != nil {
+			t.Fatal(err)
+		}
+		return u
+	}
+	for range 3 {
+		if u := user(plain); u != session {
+			t.Fatalf("another client's SET ROLE reached this one: current_user %s, want %s", u, session)
+		}
+		if u := user(setter); u != role {
+			t.Fatalf("SET ROLE did not follow its client: current_user %s, want %s", u, role)
+		}
+	}
+	if _, err := setter.Exec(ctx, "RESET ROLE", pgx.QueryExecModeSimpleProtocol); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []*pgx.Conn{setter, plain, setter} {
+		if u := user(c); u != session {
+			t.Fatalf("after RESET ROLE: current_user %s, want %s", u, session)
+		}
+	}
+}

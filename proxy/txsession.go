@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unique"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
@@ -64,8 +65,9 @@ var notCarried = map[string]bool{
 
 // captureSQL reads back the settings a client changed with SET (or RESET) once its
 // transaction has ended: those with source "session" are exactly what SET, set_config and
-// the proxy's own set_config left on the connection.
-const captureSQL = "SELECT name, pg_catalog.current_setting(name) FROM pg_catalog.pg_settings WHERE source = 'session'"
+// the proxy's own set_config left on the connection. pg_settings never lists role, which
+// SET ROLE changes: it is read on its own, lest it stay on the connection for the next client.
+const captureSQL = "SELECT name, pg_catalog.current_setting(name) FROM pg_catalog.pg_settings WHERE source = 'session' UNION ALL SELECT 'role', pg_catalog.current_setting('role') WHERE pg_catalog.current_setting('role') <> 'none'"
 
 // clientStmt is a statement the client parsed: the body of its Parse after the name
 // (query, parameter types) and the name it has at the server.
@@ -143,6 +145,9 @@ type pooledConn struct {
 	stmts   map[string]*clientStmt
 	unnamed *clientStmt
 	params  map[string]string // lower-case name → the client's value
+	// paramsKey stands for params, interned (see settingsKey); keyOK: it is up to date.
+	paramsKey unique.Handle[string]
+	keyOK     bool
 
 	// Write side: a partial message, and the error that fails the cycle being discarded;
 	// obuf is the output buffer of Write, used by the writer only.
@@ -357,7 +362,7 @@ func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte
 		v.queries++
 		pc.unnamed = nil // a Query replaces the unnamed statement
 		e := expect{kind: expQuery}
-		if r := refusedInTransactionMode(zstring(body)); r != nil {
+		if r := refusedInTransactionMode(zbytes(body)); r != nil {
 			e.refusal = r
 			v.queue = append(v.queue, e)
 			return appendQuery(out, standInSQL), pc, nil
@@ -610,8 +615,10 @@ func (v *pooledConn) serverMessage(msg []byte) {
 		if name, value, ok := splitParameterStatus(body); ok {
 			lname := strings.ToLower(name)
 			pc.params[lname] = value
-			if !notCarried[lname] {
+			pc.applied = false
+			if !notCarried[lname] && v.params[lname] != value {
 				v.params[lname] = value
+				v.keyOK = false
 			}
 		}
 		v.rout = append(v.rout, msg...)
@@ -795,7 +802,15 @@ func appendMessage(b []byte, typ byte, parts ...[]byte) []byte {
 	return b
 }
 
-// cString returns the text up to the first zero byte of b.
+// zbytes returns b up to its first zero byte.
+func zbytes(b []byte) []byte {
+	if i := indexZero(b); i >= 0 {
+		return b[:i]
+	}
+	return b
+}
+
+// zstring returns the text up to the first zero byte of b.
 func zstring(b []byte) string {
 	if i := indexZero(b); i >= 0 {
 		return string(b[:i])

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -20,15 +21,17 @@ import (
 	"github.com/leafproxy/leafproxy/internal/config"
 	"github.com/leafproxy/leafproxy/internal/health"
 	"github.com/leafproxy/leafproxy/proxy"
+	"github.com/leafproxy/leafproxy/proxy/pool"
 	"github.com/leafproxy/leafproxy/rewrite"
 )
 
 // This file routes the databases clients name to their upstreams (the databases setting,
-// with upstream as the fallback when it is unset), and applies a changed map on SIGHUP:
-// the configuration is read again (file, environment and the flags given at start), and
-// when it is valid its databases and upstream become the routing table of new sessions.
-// Sessions in progress keep their upstream. Other changed settings need a restart; a
-// reload says which.
+// with upstream as the fallback when it is unset), with the pool mode and sizes of each
+// database and user, and applies a changed map on SIGHUP: the configuration is read again
+// (file, environment and the flags given at start), and when it is valid its databases,
+// upstream, users and pool modes become the routing table of new sessions, and its pool
+// sizes and timeouts apply to the running pools. Sessions in progress keep their
+// upstream and their mode. Other changed settings need a restart; a reload says which.
 
 // databaseRoutes is the routing the proxy uses and how to read it again.
 type databaseRoutes struct {
@@ -52,15 +55,27 @@ func (a *app) routingConfig() *config.Config {
 
 // routesOf builds the proxy's routing table: each entry of databases, the "*" one as
 // the fallback; an entry without an address goes to upstream. Without databases, every
-// database goes to upstream.
+// database goes to upstream. Each route carries its pool mode (the entry's, else
+// pool-mode) and pool sizes, and the table the users' overrides, so that a reload
+// applies them all at once.
 func routesOf(cfg *config.Config) *proxy.Routes {
+	users := make(map[string]proxy.UserPooling, len(cfg.Users))
+	for _, u := range cfg.Users {
+		users[u.Name] = proxy.UserPooling{PoolMode: proxy.PoolMode(u.PoolMode), Pool: pool.Limits{PoolSize: u.PoolSize}}
+	}
 	if len(cfg.Databases) == 0 {
-		return proxy.NewRoutes(nil, &proxy.Route{Upstream: cfg.Upstream})
+		return proxy.NewRoutes(nil, &proxy.Route{Upstream: cfg.Upstream, PoolMode: proxy.PoolMode(cfg.PoolMode)}).WithUsers(users)
 	}
 	named := map[string]proxy.Route{}
 	var fallback *proxy.Route
 	for _, d := range cfg.Databases {
-		rt := proxy.Route{Upstream: d.Upstream, Database: d.DBName}
+		rt := proxy.Route{
+			Upstream:         d.Upstream,
+			Database:         d.DBName,
+			PoolMode:         proxy.PoolMode(cmp.Or(d.PoolMode, cfg.PoolMode)),
+			Pool:             pool.Limits{PoolSize: d.PoolSize, MinPoolSize: d.MinPoolSize, ServerLifetime: d.ServerLifetime},
+			MaxDBConnections: d.MaxDBConnections,
+		}
 		if rt.Upstream == "" {
 			rt.Upstream = cfg.Upstream
 		}
@@ -70,7 +85,7 @@ func routesOf(cfg *config.Config) *proxy.Routes {
 		}
 		named[d.Name] = rt
 	}
-	return proxy.NewRoutes(named, fallback)
+	return proxy.NewRoutes(named, fallback).WithUsers(users)
 }
 
 // upstreamTarget names every upstream address, for the health probe and the status page.
@@ -128,6 +143,13 @@ func (a *app) reloadDatabases() {
 		a.log.WithError(err).Error("configuration not reloaded: keeping the databases in use")
 		return
 	}
+	if cfg.UsesTransactionMode() && a.cfg.AuthType == config.AuthPassthrough {
+		// Transaction mode needs the proxy to authenticate clients, and auth-type needs
+		// a restart: the running passthrough cannot serve it.
+		a.log.WithFields(logrus.Fields{"auth_type": a.cfg.AuthType, "new_auth_type": cfg.AuthType}).Error(
+			"configuration not reloaded: keeping the databases in use; transaction mode with a new auth-type needs a restart")
+		return
+	}
 	old := a.routingConfig()
 	a.dbs.mu.Lock()
 	a.dbs.cfg = cfg
@@ -136,7 +158,7 @@ func (a *app) reloadDatabases() {
 	a.proxy.SetRoutes(routesOf(cfg))
 	a.reloadPooling(cfg)
 	a.upstreamProbe.SetTarget(upstreamTarget(cfg))
-	fields := logrus.Fields{"databases": cfg.Databases.String(), "upstream": cfg.Upstream}
+	fields := logrus.Fields{"databases": cfg.Databases.String(), "upstream": cfg.Upstream, "users": cfg.Users.String(), "pool_mode": cfg.PoolMode}
 	if ignored := changedSettings(old, cfg); len(ignored) > 0 {
 		fields["not_applied"] = strings.Join(ignored, ",")
 		a.log.WithFields(fields).Warn("databases reloaded for new sessions; the other changed settings need a restart")
@@ -145,7 +167,8 @@ func (a *app) reloadDatabases() {
 	a.log.WithFields(fields).Info("databases reloaded for new sessions")
 }
 
-// changedSettings names the settings other than databases and upstream that differ.
+// changedSettings names the settings that differ and that a reload does not apply: all
+// but databases, upstream and the pool settings.
 func changedSettings(old, cfg *config.Config) []string {
 	a, b := *old, *cfg
 	var out []string

@@ -130,14 +130,14 @@ func TestDatabasesReloadOnSIGHUP(t *testing.T) {
 		return code == http.StatusServiceUnavailable && strings.Contains(body, down) && strings.Contains(body, "database gone")
 	})
 
-	write("databases:\n  app: host=127.0.0.1 pool_mode=transaction\n")
+	write("databases:\n  app: host=127.0.0.1 pool_mode=txn\n")
 	if err := s.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
 	s.waitFor("the refused reload", func() bool {
 		return strings.Contains(s.log.String(), "configuration not reloaded: keeping the databases in use")
 	})
-	if log := s.log.String(); !strings.Contains(log, `key \"pool_mode\" is not supported yet`) {
+	if log := s.log.String(); !strings.Contains(log, `pool_mode \"txn\" is not one of session, transaction`) {
 		t.Errorf("the log does not name the key:\n%s", log)
 	}
 	if got := inDatabase(t, connectDB(t, proxyDB(t, store, s.listen, "app"))); got != nameB || reloads() != 1 {
@@ -155,7 +155,9 @@ func TestDatabasesConfigErrors(t *testing.T) {
 		env  []string
 		want []string
 	}{
-		{args: []string{"--database", "app=host=10.0.0.5 pool_size=20"}, want: []string{"-database", `database "app"`, `key "pool_size" is not supported yet`}},
+		{args: []string{"--database", "app=host=10.0.0.5 pool_size=0"}, want: []string{"-database", `database "app"`, "pool_size 0 must be at least 1"}},
+		{args: []string{"--database", "app=host=10.0.0.5 pool_mode=transaction"}, want: []string{"databases (flag --databases)", `database "app": pool_mode transaction needs the proxy to authenticate clients itself`}},
+		{args: []string{"--user", "bob=pool_mode=statement"}, want: []string{"-user", `user "bob": pool_mode "statement" is not one of session, transaction`}},
 		{env: []string{"LEAFPROXY_DATABASES=app=host=h hots=x"}, want: []string{"databases (env LEAFPROXY_DATABASES)", `unknown key "hots"`}},
 		{args: []string{"--database", "app=upstream=nohostport"}, want: []string{"databases (flag --databases)", `upstream "nohostport" is not host:port`}},
 	} {

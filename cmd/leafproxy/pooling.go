@@ -62,11 +62,12 @@ func (a *app) poolSettings(cfg *config.Config) pool.Settings {
 	}
 }
 
-// poolReloadable names the pool settings SIGHUP applies to a running proxy; pool-mode
-// needs a restart.
+// poolReloadable names the pool settings SIGHUP applies to a running proxy: the sizes and
+// timeouts to the running pools, pool-mode and the users' modes to new sessions (through
+// the routing table, see routesOf).
 var poolReloadable = map[string]bool{
-	"pool-size": true, "min-pool-size": true, "server-idle-timeout": true, "server-lifetime": true,
-	"query-wait-timeout": true, "max-db-connections": true,
+	"pool-mode": true, "pool-size": true, "min-pool-size": true, "server-idle-timeout": true, "server-lifetime": true,
+	"query-wait-timeout": true, "max-db-connections": true, "users": true,
 }
 
 // reloadPooling applies the pool settings of a configuration read again on SIGHUP.

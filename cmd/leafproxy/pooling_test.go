@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,7 +15,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/leafproxy/leafproxy/internal/config"
+	"github.com/leafproxy/leafproxy/proxy"
 	"github.com/leafproxy/leafproxy/proxy/pool"
 )
 
@@ -114,5 +119,150 @@ func TestPoolSettingsReloadOnSIGHUP(t *testing.T) {
 	}
 	if _, err := conn.Exec(ctx, "SELECT 1"); err != nil {
 		t.Fatalf("a session across the reload: %v", err)
+	}
+}
+
+// tempTableAllowed reports whether a session may create a temporary table: a session in
+// session mode may, one in transaction mode is refused with 0A000.
+func tempTableAllowed(t *testing.T, conn *pgx.Conn) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := conn.Exec(ctx, "CREATE TEMP TABLE IF NOT EXISTS scratch (x int)")
+	if err == nil {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "0A000" {
+		t.Fatalf("CREATE TEMP TABLE: %v, want success or 0A000", err)
+	}
+	return false
+}
+
+// poolSizes returns the pool size of every pool on /pools, by database and user.
+func poolSizes(t *testing.T, s *server) map[string]int {
+	t.Helper()
+	_, body := s.get("/pools", "")
+	var pools struct{ Pools []pool.Stats }
+	if err := json.Unmarshal([]byte(body), &pools); err != nil {
+		t.Fatalf("/pools: %v\n%s", err, body)
+	}
+	out := map[string]int{}
+	for _, st := range pools.Pools {
+		out[st.Database+"/"+st.User] = st.PoolSize
+	}
+	return out
+}
+
+// TestPoolModePerDatabaseAndUser: serve runs the sessions of one databases entry in
+// transaction mode and those of another in session mode, with the entry's pool_size. A
+// SIGHUP that adds a users entry in session mode and changes the entry's pool_size
+// applies the mode to new sessions, the size to the running pool, and leaves the
+// sessions in progress in their mode.
+func TestPoolModePerDatabaseAndUser(t *testing.T) {
+	t.Parallel()
+	store := newStore(t)
+	name := databaseOf(store)
+	u, err := url.Parse(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	user := u.User.Username()
+	file := filepath.Join(t.TempDir(), "leafproxy.yaml")
+	write := func(text string) {
+		t.Helper()
+		if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(fmt.Sprintf("auth-type: trust\ndatabases:\n  orders: dbname=%s pool_mode=transaction pool_size=2\n  reports: dbname=%s\n", name, name))
+	s := startServe(t, nil, serveArgs(t, store, 15, "--config", file)...)
+	waitReady(s)
+
+	orders := connectDB(t, proxyDB(t, store, s.listen, "orders"))
+	reports := connectDB(t, proxyDB(t, store, s.listen, "reports"))
+	if tempTableAllowed(t, orders) {
+		t.Fatal("orders (pool_mode=transaction) let a session create a temporary table")
+	}
+	if !tempTableAllowed(t, reports) {
+		t.Fatal("reports (session mode) refused a temporary table")
+	}
+	key := name + "/" + user
+	if got := poolSizes(t, s); len(got) != 1 || got[key] != 2 {
+		t.Fatalf("/pools: %v; want one pool %s of size 2", got, key)
+	}
+
+	reloads := func() int { return strings.Count(s.log.String(), "databases reloaded for new sessions") }
+	write(fmt.Sprintf("auth-type: trust\ndatabases:\n  orders: dbname=%s pool_mode=transaction pool_size=4\n  reports: dbname=%s\nusers:\n  %s: pool_mode=session\n",
+		name, name, user))
+	if err := s.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	s.waitFor("the reload", func() bool { return reloads() == 1 })
+	if !tempTableAllowed(t, connectDB(t, proxyDB(t, store, s.listen, "orders"))) {
+		t.Error("a new orders session after the reload is not in the user's session mode")
+	}
+	if tempTableAllowed(t, orders) {
+		t.Error("the orders session of before the reload left transaction mode")
+	}
+	if got := poolSizes(t, s); got[key] != 4 {
+		t.Errorf("/pools after the reload: %v; want %s of size 4", got, key)
+	}
+	if log := s.log.String(); strings.Contains(log, "need a restart") {
+		t.Errorf("the reload says pool settings need a restart:\n%s", log)
+	}
+	s.stop()
+}
+
+// TestTransactionModeReloadNeedsProxyAuth: a proxy started with auth-type passthrough
+// keeps its routes when a SIGHUP brings transaction mode with another auth-type, since
+// auth-type needs a restart.
+func TestTransactionModeReloadNeedsProxyAuth(t *testing.T) {
+	t.Parallel()
+	store := newStore(t)
+	name := databaseOf(store)
+	file := filepath.Join(t.TempDir(), "leafproxy.yaml")
+	if err := os.WriteFile(file, []byte(fmt.Sprintf("databases:\n  orders: dbname=%s\n", name)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := startServe(t, nil, serveArgs(t, store, 16, "--config", file)...)
+	waitReady(s)
+	text := fmt.Sprintf("auth-type: trust\ndatabases:\n  orders: dbname=%s pool_mode=transaction\n", name)
+	if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	s.waitFor("the refused reload", func() bool {
+		return strings.Contains(s.log.String(), "transaction mode with a new auth-type needs a restart")
+	})
+	if !tempTableAllowed(t, connectDB(t, proxyDB(t, store, s.listen, "orders"))) {
+		t.Error("orders left session mode")
+	}
+	s.stop()
+}
+
+// TestRoutesOfPoolSettings: routesOf gives each route its entry's pool mode (else
+// pool-mode) and sizes, and the table the users' overrides.
+func TestRoutesOfPoolSettings(t *testing.T) {
+	cfg := &config.Config{Upstream: "10.0.0.1:5432", Pooling: config.Pooling{PoolMode: config.PoolModeTransaction},
+		Databases: config.Databases{
+			{Name: "shop", DBName: "shop", PoolMode: config.PoolModeSession, PoolSize: 30, MinPoolSize: 2, MaxDBConnections: 40, ServerLifetime: time.Hour},
+			{Name: "*"},
+		},
+		Users: config.Users{{Name: "alice", PoolMode: config.PoolModeSession, PoolSize: 3}},
+	}
+	routes := routesOf(cfg)
+	want := proxy.Route{Upstream: "10.0.0.1:5432", Database: "shop", PoolMode: proxy.PoolSession,
+		Pool: pool.Limits{PoolSize: 30, MinPoolSize: 2, ServerLifetime: time.Hour}, MaxDBConnections: 40}
+	if got, _ := routes.Lookup("shop"); got != want {
+		t.Errorf("shop: %+v, want %+v", got, want)
+	}
+	if got, _ := routes.Lookup("other"); got.PoolMode != proxy.PoolTransaction {
+		t.Errorf("other: %+v, want the global transaction mode", got)
+	}
+	if got, _ := routesOf(&config.Config{Upstream: "h:1", Pooling: config.Pooling{PoolMode: config.PoolModeTransaction}}).Lookup("any"); got.PoolMode != proxy.PoolTransaction {
+		t.Errorf("without databases: %+v, want the global transaction mode", got)
 	}
 }

@@ -69,6 +69,8 @@ type Config struct {
 
 	// Databases routes the database a client names to an upstream (databases.go).
 	Databases Databases `yaml:"databases"`
+	// Users overrides the pool settings per user (users.go).
+	Users Users `yaml:"users"`
 
 	HTTP      string `yaml:"http"`
 	HTTPToken string `yaml:"http-token"`
@@ -207,7 +209,7 @@ var settings = []setting{
 	{name: "upstream", arg: "HOST:PORT|SOCKET", usage: "address of the real PostgreSQL server: host:port, or the path of a Unix socket",
 		field: func(c *Config) any { return &c.Upstream },
 		check: checkUpstream},
-	{name: "databases", alias: "database", arg: "NAME=CONNSTRING", repeat: true, usage: "route the database NAME clients ask for to an upstream, as a PgBouncer [databases] line: host=H port=P dbname=D (or upstream=HOST:PORT|SOCKET); NAME * serves every other database; repeatable; unset: every database goes to upstream",
+	{name: "databases", alias: "database", arg: "NAME=CONNSTRING", repeat: true, usage: "route the database NAME clients ask for to an upstream, as a PgBouncer [databases] line: host=H port=P dbname=D (or upstream=HOST:PORT|SOCKET), and pool_mode, pool_size, min_pool_size, max_db_connections, server_lifetime; NAME * serves every other database; repeatable; unset: every database goes to upstream",
 		field: func(c *Config) any { return &c.Databases },
 		check: checkDatabases},
 	{name: "upstream-sslmode", arg: "MODE", usage: "TLS to the upstream: disable, prefer, require or verify-full (libpq's meanings)",

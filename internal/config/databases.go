@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -16,7 +17,7 @@ import (
 // moves over unchanged:
 //
 //	databases:
-//	  app: host=10.0.0.5 port=5432 dbname=app_prod
+//	  app: host=10.0.0.5 port=5432 dbname=app_prod pool_mode=transaction pool_size=30
 //	  reports: {upstream: /var/run/postgresql/.s.PGSQL.5433}
 //	  "*": host=127.0.0.1
 //
@@ -39,6 +40,15 @@ type Database struct {
 	// DBName is the database the upstream is asked for; empty: the name the client
 	// asked for.
 	DBName string
+	// PoolMode is pool_mode, the pool mode of the database's sessions; empty: the
+	// pool-mode setting.
+	PoolMode string
+	// PoolSize, MinPoolSize and MaxDBConnections are the database's pool_size,
+	// min_pool_size and max_db_connections; 0: the global setting.
+	PoolSize, MinPoolSize, MaxDBConnections int
+	// ServerLifetime is the database's server_lifetime; 0: the global setting,
+	// negative: never.
+	ServerLifetime time.Duration
 }
 
 // String renders the entry as the flag that gives it.
@@ -49,6 +59,11 @@ func (d Database) String() string {
 	}
 	if d.DBName != "" {
 		parts = append(parts, "dbname="+quoteConnValue(d.DBName))
+	}
+	parts = appendPoolKeys(parts, d.PoolMode, []namedInt{
+		{"pool_size", d.PoolSize}, {"min_pool_size", d.MinPoolSize}, {"max_db_connections", d.MaxDBConnections}})
+	if d.ServerLifetime != 0 {
+		parts = append(parts, "server_lifetime="+d.ServerLifetime.String())
 	}
 	return d.Name + "=" + strings.Join(parts, " ")
 }
@@ -82,11 +97,14 @@ func (ds Databases) String() string {
 	return strings.Join(parts, "; ")
 }
 
+// databaseExample is an entry of the databases setting, for messages.
+const databaseExample = "app=host=10.0.0.5 port=5432 dbname=app_prod"
+
 // Set replaces the setting with the entries of s: NAME=CONNSTRING, separated by ';' or
 // new lines (the environment variable gives them all at once).
 func (ds *Databases) Set(s string) error {
 	*ds = nil
-	return ds.add(splitEntries(s))
+	return addEntries(splitEntries(s), "database", databaseExample, ds.addEntry)
 }
 
 // setFlags replaces the setting with the entries of repeated --database flags, each
@@ -94,32 +112,7 @@ func (ds *Databases) Set(s string) error {
 func (ds *Databases) setFlags(vals []string) error {
 	*ds = nil
 	for _, v := range vals {
-		if err := ds.add(splitEntries(v)); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// splitEntries splits entries separated by ';' or new lines.
-func splitEntries(s string) []string {
-	return strings.FieldsFunc(s, func(r rune) bool { return r == ';' || r == '\n' })
-}
-
-func (ds *Databases) add(entries []string) error {
-	for _, e := range entries {
-		if e = strings.TrimSpace(e); e == "" {
-			continue
-		}
-		name, conn, ok := strings.Cut(e, "=")
-		if !ok {
-			return fmt.Errorf("%q is not NAME=CONNSTRING (e.g. app=host=10.0.0.5 port=5432 dbname=app_prod)", e)
-		}
-		kvs, err := parseConnString(conn)
-		if err != nil {
-			return fmt.Errorf("database %q: %w", strings.TrimSpace(name), err)
-		}
-		if err := ds.addEntry(strings.TrimSpace(name), kvs); err != nil {
+		if err := addEntries(splitEntries(v), "database", databaseExample, ds.addEntry); err != nil {
 			return err
 		}
 	}
@@ -130,11 +123,46 @@ func (ds *Databases) add(entries []string) error {
 // a mapping of the same keys.
 func (ds *Databases) UnmarshalYAML(n *yaml.Node) error {
 	*ds = nil
+	return unmarshalEntries(n, "database", "app: host=10.0.0.5 dbname=app_prod", ds.addEntry)
+}
+
+// splitEntries splits entries separated by ';' or new lines.
+func splitEntries(s string) []string {
+	return strings.FieldsFunc(s, func(r rune) bool { return r == ';' || r == '\n' })
+}
+
+// addEntries reads entries NAME=KEY=VALUE KEY=VALUE… (the databases and users settings)
+// and hands each to add; what names the kind of entry and example shows one, for the
+// messages.
+func addEntries(entries []string, what, example string, add func(name string, kvs []connParam) error) error {
+	for _, e := range entries {
+		if e = strings.TrimSpace(e); e == "" {
+			continue
+		}
+		name, conn, ok := strings.Cut(e, "=")
+		if !ok {
+			return fmt.Errorf("%q is not NAME=KEY=VALUE… (e.g. %s)", e, example)
+		}
+		kvs, err := parseConnString(conn)
+		if err != nil {
+			return fmt.Errorf("%s %q: %w", what, strings.TrimSpace(name), err)
+		}
+		if err := add(strings.TrimSpace(name), kvs); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// unmarshalEntries reads a YAML mapping of names to a string of key=value pairs or to a
+// mapping of the same keys, and hands each entry to add; what names the kind of entry
+// and example shows one, for the messages.
+func unmarshalEntries(n *yaml.Node, what, example string, add func(name string, kvs []connParam) error) error {
 	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
 		return nil
 	}
 	if n.Kind != yaml.MappingNode {
-		return errors.New("want a mapping of database names to connection strings (app: host=10.0.0.5 dbname=app_prod)")
+		return fmt.Errorf("want a mapping of %s names to key=value strings (%s)", what, example)
 	}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
@@ -143,20 +171,20 @@ func (ds *Databases) UnmarshalYAML(n *yaml.Node) error {
 		case yaml.ScalarNode:
 			var err error
 			if kvs, err = parseConnString(v.Value); err != nil {
-				return fmt.Errorf("line %d: database %q: %w", k.Line, k.Value, err)
+				return fmt.Errorf("line %d: %s %q: %w", k.Line, what, k.Value, err)
 			}
 		case yaml.MappingNode:
 			for j := 0; j+1 < len(v.Content); j += 2 {
 				pk, pv := v.Content[j], v.Content[j+1]
 				if pv.Kind != yaml.ScalarNode {
-					return fmt.Errorf("line %d: database %q: %s: want a single value", pk.Line, k.Value, pk.Value)
+					return fmt.Errorf("line %d: %s %q: %s: want a single value", pk.Line, what, k.Value, pk.Value)
 				}
 				kvs = append(kvs, connParam{pk.Value, pv.Value})
 			}
 		default:
-			return fmt.Errorf("line %d: database %q: want a connection string or a mapping", k.Line, k.Value)
+			return fmt.Errorf("line %d: %s %q: want a key=value string or a mapping", k.Line, what, k.Value)
 		}
-		if err := ds.addEntry(k.Value, kvs); err != nil {
+		if err := add(k.Value, kvs); err != nil {
 			return fmt.Errorf("line %d: %w", k.Line, err)
 		}
 	}
@@ -169,19 +197,14 @@ type connParam struct{ key, value string }
 // notYet names the PgBouncer database keys leafproxy knows but does not support (yet),
 // with why.
 var notYet = map[string]string{
-	"user":                      "the proxy relays the client's own login, so the client logs in as itself",
-	"password":                  "the proxy relays the client's own login and stores no password",
-	"auth_user":                 "the proxy relays the client's own login",
-	"auth_dbname":               "the proxy relays the client's own login",
-	"auth_query":                "the proxy relays the client's own login",
-	"pool_mode":                 "pooling is not supported yet: every client holds its own server connection (session mode)",
-	"pool_size":                 "pooling is not supported yet: every client holds its own server connection (session mode)",
-	"min_pool_size":             "pooling is not supported yet",
-	"reserve_pool":              "pooling is not supported yet",
-	"reserve_pool_size":         "pooling is not supported yet",
-	"max_db_connections":        "pooling is not supported yet; max-client-conns bounds all sessions",
-	"max_db_client_connections": "pooling is not supported yet; max-client-conns bounds all sessions",
-	"server_lifetime":           "pooling is not supported yet",
+	"user":                      "the pool logs in as the client's own user, so the client logs in as itself",
+	"password":                  "the proxy stores no password: it logs in with what the client proved (see auth-type)",
+	"auth_user":                 "auth-user is one setting for every database",
+	"auth_dbname":               "auth-query runs in the database the client asks for",
+	"auth_query":                "auth-query is one setting for every database",
+	"reserve_pool":              "there is no reserve pool: raise pool_size",
+	"reserve_pool_size":         "there is no reserve pool: raise pool_size",
+	"max_db_client_connections": "max-client-conns bounds all sessions",
 	"connect_query":             "not supported",
 	"client_encoding":           "not supported: the client sets its own",
 	"datestyle":                 "not supported: the client sets its own",
@@ -189,6 +212,9 @@ var notYet = map[string]string{
 	"application_name":          "not supported: the client sets its own",
 	"load_balance_hosts":        "not supported: give one host",
 }
+
+// databaseKeys are the keys of a databases entry, for messages.
+var databaseKeys = []string{"host", "port", "dbname", "upstream", "pool_mode", "pool_size", "min_pool_size", "max_db_connections", "server_lifetime"}
 
 // addEntry checks the keys of one entry and appends it.
 func (ds *Databases) addEntry(name string, kvs []connParam) error {
@@ -220,15 +246,34 @@ func (ds *Databases) addEntry(name string, kvs []connParam) error {
 			d.DBName = kv.value
 		case "upstream":
 			d.Upstream = kv.value
+		case "pool_mode":
+			if err := parsePoolMode(kv.value, &d.PoolMode); err != nil {
+				return fmt.Errorf("database %q: %w", name, err)
+			}
+		case "pool_size", "min_pool_size", "max_db_connections":
+			n, err := parsePoolNumber(kv.key, kv.value)
+			if err != nil {
+				return fmt.Errorf("database %q: %w", name, err)
+			}
+			switch kv.key {
+			case "pool_size":
+				d.PoolSize = n
+			case "min_pool_size":
+				d.MinPoolSize = n
+			default:
+				d.MaxDBConnections = n
+			}
+		case "server_lifetime":
+			lt, err := parseLifetime(kv.value)
+			if err != nil {
+				return fmt.Errorf("database %q: %w", name, err)
+			}
+			d.ServerLifetime = lt
 		default:
 			if why, ok := notYet[kv.key]; ok {
-				return fmt.Errorf("database %q: key %q is not supported yet: %s", name, kv.key, why)
+				return fmt.Errorf("database %q: key %q is not supported: %s", name, kv.key, why)
 			}
-			msg := fmt.Sprintf("database %q: unknown key %q (want host, port, dbname or upstream)", name, kv.key)
-			if near := Nearest(kv.key, []string{"host", "port", "dbname", "upstream"}); near != "" {
-				msg += fmt.Sprintf(" (did you mean %q?)", near)
-			}
-			return errors.New(msg)
+			return unknownKey("database", name, kv.key, databaseKeys)
 		}
 	}
 	if (seen["dbname"] && d.DBName == "") || strings.ContainsRune(d.DBName, 0) {
@@ -352,8 +397,10 @@ func quoteConnValue(v string) string {
 	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(v) + "'"
 }
 
-// checkDatabases checks the addresses of the databases setting; Validate calls it.
+// checkDatabases checks the addresses and the pool keys of the databases setting;
+// Validate calls it.
 func checkDatabases(c *Config, bad problem) {
+	checkDatabasePools(c, bad)
 	for _, d := range c.Databases {
 		if d.Upstream == "" || strings.HasPrefix(d.Upstream, "/") {
 			continue

@@ -114,7 +114,7 @@ func render(p any) string {
 		return p.String()
 	case *List:
 		return strings.Join(*p, ",")
-	case *Databases:
+	case entryList:
 		return p.String()
 	}
 	panic(fmt.Sprintf("config: unsupported field type %T", p))
@@ -157,12 +157,20 @@ func setString(p any, s string) error {
 		*p = d
 	case *List:
 		*p = splitList(s)
-	case *Databases:
+	case entryList:
 		return p.Set(s)
 	default:
 		panic(fmt.Sprintf("config: unsupported field type %T", p))
 	}
 	return nil
+}
+
+// entryList is a setting of named entries (databases, users): repeated flags each add
+// entries, the environment gives them all separated by ';'.
+type entryList interface {
+	Set(string) error
+	String() string
+	setFlags([]string) error
 }
 
 // LookupEnv is how Load reads the environment; os.LookupEnv in production.
@@ -214,7 +222,7 @@ func Load(f *Flags, env LookupEnv) (*Config, error) {
 			for _, raw := range v.vals {
 				*l = append(*l, splitList(raw)...)
 			}
-		} else if d, ok := p.(*Databases); ok {
+		} else if d, ok := p.(entryList); ok {
 			if err := d.setFlags(v.vals); err != nil {
 				return nil, fmt.Errorf("%s (flag --%s): %w", v.s.name, v.s.alias, err)
 			}

@@ -150,10 +150,11 @@ func run() error {
 	defer tcp.stop()
 	groups := []pgbench.Group{tcp.group}
 	if *connect {
-		g, err := connectGroup(ctx, dbURL, tcp.group)
+		g, stopConnect, err := connectGroup(ctx, h, dbURL, tcp.group)
 		if err != nil {
 			return err
 		}
+		defer stopConnect()
 		groups = append(groups, g)
 	}
 	// want says whether a group is to run, so that hops of groups left out are not
@@ -352,11 +353,18 @@ func hostOf(rawURL string) (string, error) {
 // the TCP select-only group (the bare relay left out): every transaction opens a new
 // connection, so the CPU per transaction is the cost of a connection. Direct, the meter
 // is the postmaster with its ended children: what PostgreSQL spends starting, serving
-// and ending a backend.
-func connectGroup(ctx context.Context, dbURL string, tcp pgbench.Group) (pgbench.Group, error) {
+// and ending a backend. Two endpoints are added for the upstream TLS that users get by
+// default: leafproxy as the README's production example runs it, upstream-sslmode left
+// at prefer (so TLS to a server that offers it), and PostgreSQL's own figure with TLS
+// (pgbench with sslmode=require, direct), the backend's side of that handshake.
+func connectGroup(ctx context.Context, h hops, dbURL string, tcp pgbench.Group) (pgbench.Group, func(), error) {
 	pid, err := postmasterPID(ctx, dbURL)
 	if err != nil {
-		return pgbench.Group{}, err
+		return pgbench.Group{}, nil, err
+	}
+	upstream, err := hostOf(dbURL)
+	if err != nil {
+		return pgbench.Group{}, nil, err
 	}
 	g := pgbench.Group{Name: "connect", Clients: []int{1}, Modes: []string{"simple"}}
 	for _, e := range tcp.Endpoints {
@@ -369,7 +377,15 @@ func connectGroup(ctx context.Context, dbURL string, tcp pgbench.Group) (pgbench
 		e.Args = []string{"-C", "-S"}
 		g.Endpoints = append(g.Endpoints, e)
 	}
-	return g, nil
+	// The last --upstream-sslmode given wins.
+	lp, err := pgbench.StartLeafproxy(ctx, h.bin, append(productionArgs(h.dbURL, upstream, nil), "--upstream-sslmode", "prefer")...)
+	if err != nil {
+		return pgbench.Group{}, nil, err
+	}
+	g.Endpoints = append(g.Endpoints,
+		pgbench.Endpoint{Name: "leafproxy upstream TLS (prefer)", URL: lp.URL(h.dbURL), CPU: lp.CPU, Args: []string{"-C", "-S"}},
+		pgbench.Endpoint{Name: "direct TLS", URL: withSSLMode(dbURL, "require"), CPU: pgbench.ProcessTreeCPU(pid), Args: []string{"-C", "-S"}})
+	return g, func() { _ = lp.Close() }, nil
 }
 
 // postmasterPID reads the process ID of the server's postmaster from postmaster.pid in

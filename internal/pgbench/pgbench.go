@@ -63,9 +63,10 @@ type Group struct {
 	// Prepare, when set, runs before the group's first run (to change a server setting,
 	// say); the function it returns runs after the group's last run.
 	Prepare func(context.Context) (restore func() error, err error)
-	// Clients and Modes, when set, replace the Config's for this group.
-	Clients []int
-	Modes   []string
+	// Clients, Modes and Duration, when set, replace the Config's for this group.
+	Clients  []int
+	Modes    []string
+	Duration time.Duration
 }
 
 // Config says how long and how wide each run is.
@@ -165,6 +166,10 @@ func runGroup(ctx context.Context, cfg Config, bin, dir string, g Group, modes [
 		}()
 	}
 	rounds := max(cfg.Rounds, 1)
+	duration := cfg.Duration
+	if g.Duration > 0 {
+		duration = g.Duration
+	}
 	clientCounts := cfg.Clients
 	if g.Clients != nil {
 		clientCounts = g.Clients
@@ -185,7 +190,7 @@ func runGroup(ctx context.Context, cfg Config, bin, dir string, g Group, modes [
 					if e.Unsupported[mode] != "" {
 						continue
 					}
-					r, err := runOne(ctx, bin, dir, cfg.Duration, e, mode, clients,
+					r, err := runOne(ctx, bin, dir, duration, e, mode, clients,
 						fmt.Sprintf("%s-%s-%dc-r%d", g.Name, mode, clients, round+1))
 					if err != nil {
 						return results, fmt.Errorf("%s/%s/%s/%d clients: %w", g.Name, e.Name, mode, clients, err)

@@ -335,21 +335,23 @@ func TestUnsupportedMode(t *testing.T) {
 }
 
 // TestDuringRunsAlongEachRun: an endpoint's During runs once per run of that endpoint,
-// named after the run, the run waits for it, and its error fails the run.
+// named after the run and given its length (the group's, which replaces the Config's),
+// the run waits for it, and its error fails the run.
 func TestDuringRunsAlongEachRun(t *testing.T) {
 	var runs []string
 	done := 0
 	during := func(ctx context.Context, run string, d time.Duration) error {
 		runs = append(runs, run)
-		if d != time.Second {
-			t.Errorf("During got %v, want the run's 1s", d)
+		if d != 3*time.Second {
+			t.Errorf("During got %v, want the group's 3s", d)
 		}
 		time.Sleep(10 * time.Millisecond) // a run must wait for a slow During
 		done++
 		return nil
 	}
 	cfg := Config{Pgbench: fakePgbench(t), Duration: time.Second, Clients: []int{200}, Modes: []string{"simple"}, Rounds: 2}
-	groups := []Group{{Name: "tx-pool", Endpoints: []Endpoint{{Name: "direct", URL: "ok"}, {Name: "proxy", URL: "ok", During: during}}}}
+	groups := []Group{{Name: "tx-pool", Duration: 3 * time.Second,
+		Endpoints: []Endpoint{{Name: "direct", URL: "ok"}, {Name: "proxy", URL: "ok", During: during}}}}
 	if _, err := Run(context.Background(), cfg, groups); err != nil {
 		t.Fatal(err)
 	}

@@ -41,6 +41,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -90,6 +91,7 @@ func run() error {
 	txPool := flag.Bool("tx-pool", true, "add a tx-pool group: pgbench -S with -tx-clients clients direct, through leafproxy in transaction mode and through PgBouncer in transaction mode, both with pools of -pool-size server connections")
 	txClients := flag.Int("tx-clients", 200, "clients of the tx-pool group")
 	poolSize := flag.Int("pool-size", 20, "server connections of the tx-pool group's pools")
+	txDuration := flag.Duration("tx-T", 0, "duration of each tx-pool run (default: -T, at least 10s, as pgbench opens its connections within the run and 200 new backends take seconds on a loaded machine)")
 	pprofDir := flag.String("pprof-dir", "", "write a CPU profile of leafproxy over each of its tx-pool runs to this directory (the profiling adds a little to its CPU figures)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of this process (the bare relay) to this file")
 	flag.Parse()
@@ -192,7 +194,7 @@ func run() error {
 		groups = append(groups, tlsHops.group)
 	}
 	if *txPool && want("tx-pool") {
-		g, stopTx, err := txPoolGroup(ctx, h, txPoolOptions{clients: *txClients, poolSize: *poolSize, pprofDir: *pprofDir})
+		g, stopTx, err := txPoolGroup(ctx, h, txPoolOptions{clients: *txClients, poolSize: *poolSize, pprofDir: *pprofDir, duration: cmp.Or(*txDuration, max(*duration, 10*time.Second))})
 		defer stopTx()
 		if err != nil {
 			return err

@@ -28,6 +28,9 @@ type txPoolOptions struct {
 	poolSize int // server connections of each pool
 	// pprofDir, when set, gets a CPU profile of leafproxy over each of its runs.
 	pprofDir string
+	// duration of each run: pgbench opens its connections within it, and 200 new
+	// backends (the direct endpoint) can take seconds on a loaded machine.
+	duration time.Duration
 }
 
 // txPoolGroup is pgbench -S with many clients over a transaction pool: the server with a
@@ -43,7 +46,7 @@ type txPoolOptions struct {
 // HMAC-SHA-256 per login) takes seconds of a 5-second run on a 2-core machine, whereas an
 // md5 login takes microseconds; what is measured is the transactions, not the logins.
 func txPoolGroup(ctx context.Context, h hops, o txPoolOptions) (pgbench.Group, func(), error) {
-	g := pgbench.Group{Name: "tx-pool", Clients: []int{o.clients}}
+	g := pgbench.Group{Name: "tx-pool", Clients: []int{o.clients}, Duration: o.duration}
 	var stops []func()
 	stop := func() {
 		for i := len(stops) - 1; i >= 0; i-- {

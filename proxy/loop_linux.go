@@ -8,7 +8,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -207,10 +206,6 @@ func (l *eventLoop) takePosted() []func() {
 }
 
 func (l *eventLoop) run() {
-	// The loop stays on one thread: it keeps the thread's caches warm and spares the
-	// scheduler moving it between threads after its waits.
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
 	gen := l.gen.Load()
 	lastYield := time.Now()
 	events := make([]unix.EpollEvent, 128)
@@ -234,7 +229,7 @@ func (l *eventLoop) run() {
 				runtime.Gosched()
 			}
 		}
-		n, err := l.wait(events, timeout)
+		n, err := unix.EpollWait(l.epfd, events, timeout)
 		if err != nil && err != unix.EINTR {
 			// Not expected with a valid epoll descriptor; end the sessions rather
 			// than spin.
@@ -268,28 +263,6 @@ func (l *eventLoop) run() {
 		l.checkDeadlines()
 	}
 	l.destroy()
-}
-
-// wait waits for events. It first looks without waiting, as a raw system call that
-// cannot block and so goes without the runtime's system-call bookkeeping: a busy loop
-// mostly finds events ready. Only when there are none does it wait in a system call the
-// runtime knows about, which lets the loop's processor go to other work meanwhile.
-func (l *eventLoop) wait(events []unix.EpollEvent, timeout int) (int, error) {
-	n, err := epollPoll(l.epfd, events)
-	if n > 0 || timeout == 0 || (err != nil && err != unix.EINTR) {
-		return n, err
-	}
-	return unix.EpollWait(l.epfd, events, timeout)
-}
-
-// epollPoll is epoll_wait(2) with a timeout of zero.
-func epollPoll(epfd int, events []unix.EpollEvent) (int, error) {
-	n, _, errno := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(epfd),
-		uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), 0, 0, 0)
-	if errno != 0 {
-		return 0, errno
-	}
-	return int(n), nil
 }
 
 // runAgain gives the sessions that used up their budget another turn, after every other

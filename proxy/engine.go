@@ -11,7 +11,9 @@ import (
 
 // engine is what a session's handlers need from the I/O engine that serves the session:
 // a goroutine pair (goroutinePair) or an event loop (loopSession). Both drive
-// the same handlers, clientStep and upstreamStep, one message at a time; everything
+// the same handlers, clientStep and upstreamStep (an event loop, which has read the
+// message's header already, calls their second halves clientMessage and
+// upstreamMessage), one message at a time; everything
 // else a session does (closing when idle, draining the client, surviving a panic) is
 // written once, here, and asks its engine only for what differs.
 type engine interface {

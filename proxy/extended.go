@@ -16,13 +16,22 @@ func (c *conn) onParse(n int) error {
 	if err != nil {
 		return err
 	}
-	return c.handleParse(body, nil)
+	return c.handleParse(body, nil, nil)
+}
+
+// parsedText is the plan of a Parse's text, made by answerParse when the proxy could not
+// answer the Parse itself and handed on to handleParse, so that the text is planned once.
+type parsedText struct {
+	plan    *rewrite.Plan
+	err     error
+	planned bool
 }
 
 // handleParse forwards a Parse, rewritten when its plan needs IDs. With mat set, it
 // materializes that proxy-local statement: its ParseComplete is not relayed, since the
-// client already had one from the proxy.
-func (c *conn) handleParse(body []byte, mat *localStatement) error {
+// client already had one from the proxy. pre, when planned, is the plan of the Parse's
+// text already made.
+func (c *conn) handleParse(body []byte, mat *localStatement, pre *parsedText) error {
 	ss := &c.sess
 	name, rest, ok1 := cString(body)
 	if name == "" && mat == nil {
@@ -33,7 +42,13 @@ func (c *conn) handleParse(body []byte, mat *localStatement) error {
 		return c.forwardParse(body, name) // malformed: the server reports it
 	}
 	oids := rest[2:]
-	plan, err := c.planParse(query)
+	var plan *rewrite.Plan
+	var err error
+	if pre != nil && pre.planned {
+		plan, err = extendedPlan(pre.plan, pre.err)
+	} else {
+		plan, err = c.planParse(query)
+	}
 	if err != nil {
 		return c.refuseExtended(err, name == "")
 	}
@@ -82,7 +97,11 @@ func isParamTypes(rest []byte) bool {
 
 // planParse plans the text of a Parse, refusing what the extended protocol cannot carry.
 func (c *conn) planParse(query string) (*rewrite.Plan, error) {
-	plan, err := c.plan(query)
+	return extendedPlan(c.plan(query))
+}
+
+// extendedPlan refuses a plan that the extended protocol cannot carry.
+func extendedPlan(plan *rewrite.Plan, err error) (*rewrite.Plan, error) {
 	if err == nil && plan != nil && plan.CopyFill != nil {
 		return nil, &rewrite.Error{Code: sqlstate.FeatureNotSupported,
 			Message: "COPY … FROM STDIN whose rows the proxy gives keys is not supported in the extended query protocol",

@@ -136,7 +136,8 @@ func (c *conn) fromClientLocal(typ byte, n int) (bool, error) {
 	if err != nil {
 		return true, err
 	}
-	if c.answerLocal(typ, body) {
+	var parsed parsedText
+	if c.answerLocal(typ, body, &parsed) {
 		if typ == clientSync {
 			return true, c.finishLocal()
 		}
@@ -158,7 +159,7 @@ func (c *conn) fromClientLocal(typ byte, n int) (bool, error) {
 		}
 		ss.skip = false
 	}
-	return true, c.dispatch(typ, body)
+	return true, c.dispatch(typ, body, &parsed)
 }
 
 func isLocalType(typ byte) bool {
@@ -232,10 +233,11 @@ func (ss *sessionState) localOf(name string) (localQuery, bool) {
 }
 
 // answerLocal answers one message of a local cycle, reporting false when the proxy cannot.
-func (c *conn) answerLocal(typ byte, body []byte) bool {
+// A Parse's plan is left in parsed for handleParse.
+func (c *conn) answerLocal(typ byte, body []byte, parsed *parsedText) bool {
 	switch typ {
 	case clientParse:
-		return c.answerParse(body)
+		return c.answerParse(body, parsed)
 	case clientBind:
 		return c.answerBind(body)
 	case clientDescribe:
@@ -251,8 +253,9 @@ func (c *conn) answerLocal(typ byte, body []byte) bool {
 }
 
 // answerParse answers a Parse of the unnamed statement whose plan the proxy can answer
-// itself (a fast path, a batch or a decoding), creating the local statement.
-func (c *conn) answerParse(body []byte) bool {
+// itself (a fast path, a batch or a decoding), creating the local statement. The plan of
+// a text it cannot answer is left in parsed.
+func (c *conn) answerParse(body []byte, parsed *parsedText) bool {
 	ss := &c.sess
 	// Only the unnamed statement; parameter types only for a batch.
 	if len(body) < 1 || body[0] != 0 {
@@ -263,6 +266,7 @@ func (c *conn) answerParse(body []byte) bool {
 		return false
 	}
 	plan, err := c.plan(query)
+	*parsed = parsedText{plan: plan, err: err, planned: true}
 	if err != nil || plan == nil {
 		return false
 	}
@@ -531,7 +535,7 @@ func (c *conn) replayLocal() error {
 		if ss.skip {
 			continue // after a refusal, up to Sync
 		}
-		if err := c.dispatch(typ, body); err != nil {
+		if err := c.dispatch(typ, body, nil); err != nil {
 			return err
 		}
 	}
@@ -542,10 +546,11 @@ func (c *conn) replayLocal() error {
 }
 
 // dispatch handles an extended-protocol message whose body has been read, upstream.
-func (c *conn) dispatch(typ byte, body []byte) error {
+// parsed, if not nil, is what answerParse planned of a Parse.
+func (c *conn) dispatch(typ byte, body []byte, parsed *parsedText) error {
 	switch typ {
 	case clientParse:
-		return c.handleParse(body, nil)
+		return c.handleParse(body, nil, parsed)
 	case clientBind:
 		return c.handleBind(body)
 	case clientDescribe:
@@ -565,5 +570,5 @@ func (c *conn) dispatch(typ byte, body []byte) error {
 func (c *conn) materialize() error {
 	ss := &c.sess
 	st := ss.unnamed()
-	return c.handleParse(st.parse, st)
+	return c.handleParse(st.parse, st, nil)
 }

@@ -24,11 +24,18 @@ import (
 // output has drained.
 
 // loopToken identifies a socket in an event loop's epoll set. Tokens are never reused
-// within a loop, so an event for a socket closed meanwhile finds nothing.
+// within a loop, so an event for a socket closed meanwhile finds nothing. An event
+// carries the token and the socket's slot in the loop's table of sockets (loopEnd.slot),
+// so that finding the socket of an event is an index, not a map lookup.
 type loopToken = uint32
 
-// wakeToken is the token of the loop's own eventfd, written to when work is posted.
+// wakeToken is the token of the loop's own eventfd, written to when work is posted; its
+// slot is 0, which no socket has.
 const wakeToken loopToken = 0
+
+// loopYieldTurns is how many turns of a busy loop go by between two looks at the clock
+// (see loopYieldEvery).
+const loopYieldTurns = 16
 
 // loopYieldEvery is how often a busy loop lets the scheduler run something else; well
 // under the runtime's 10 ms preemption threshold.
@@ -177,6 +184,7 @@ type eventLoop struct {
 	posted  []func()
 	woken   bool
 	stopped bool
+	halt    atomic.Bool   // stopped, for the loop to read each turn without taking mu
 	done    chan struct{} // closed when the loop has stopped and closed its descriptors
 
 	// gen counts the goroutines that have run the loop: a runner whose handler detached
@@ -184,7 +192,8 @@ type eventLoop struct {
 	gen atomic.Uint64
 
 	// Used by the loop's runner only.
-	ends      map[loopToken]*loopEnd
+	ends      []*loopEnd // by slot; nil where free, and at 0, the eventfd's slot
+	freeSlots []int32
 	lastToken loopToken
 	again     []*loopSession            // sessions that ran out of budget with work left
 	timed     map[*loopSession]struct{} // sessions waiting for a deadline
@@ -200,7 +209,7 @@ func newEventLoop(g *loopGroup, slot int) (*eventLoop, error) {
 		unix.Close(epfd)
 		return nil, err
 	}
-	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(wakeToken)}
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: 0, Pad: int32(wakeToken)}
 	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, wakefd, &ev); err != nil {
 		unix.Close(epfd)
 		unix.Close(wakefd)
@@ -208,7 +217,7 @@ func newEventLoop(g *loopGroup, slot int) (*eventLoop, error) {
 	}
 	return &eventLoop{
 		group: g, slot: slot, epfd: epfd, wakefd: wakefd,
-		ends:  make(map[loopToken]*loopEnd),
+		ends:  make([]*loopEnd, 1),
 		timed: make(map[*loopSession]struct{}),
 		done:  make(chan struct{}),
 	}, nil
@@ -253,12 +262,7 @@ func (l *eventLoop) stop() {
 	l.woken = false
 	l.wakeLocked()
 	l.stopped = true
-}
-
-func (l *eventLoop) isStopped() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.stopped
+	l.halt.Store(true)
 }
 
 // takePosted returns the work posted since the last call and re-arms the wake-up.
@@ -277,7 +281,7 @@ func (l *eventLoop) run() {
 	gen := l.gen.Load()
 	lastYield := time.Now()
 	events := make([]unix.EpollEvent, 128)
-	for !l.isStopped() {
+	for turn := 1; !l.halt.Load(); turn++ {
 		timeout := -1
 		switch {
 		case len(l.again) > 0:
@@ -287,14 +291,17 @@ func (l *eventLoop) run() {
 		case l.idle.Load():
 			timeout = int(loopLinger / time.Millisecond)
 		}
-		if now := time.Now(); now.Sub(lastYield) >= loopYieldEvery {
-			// A goroutine that the scheduler never sees switch for 10 ms is taken for a
-			// runaway: the runtime preempts it and takes its processor at its next
-			// system call, and its monitor thread polls every 20 µs for a while after.
-			// The loop's goroutine, which only runs and makes system calls, would
-			// trigger that all the time; yielding now and then keeps it a good citizen.
-			lastYield = now
-			runtime.Gosched()
+		// The clock is read every few turns only: a turn takes microseconds.
+		if turn%loopYieldTurns == 0 {
+			if now := time.Now(); now.Sub(lastYield) >= loopYieldEvery {
+				// A goroutine that the scheduler never sees switch for 10 ms is taken for a
+				// runaway: the runtime preempts it and takes its processor at its next
+				// system call, and its monitor thread polls every 20 µs for a while after.
+				// The loop's goroutine, which only runs and makes system calls, would
+				// trigger that all the time; yielding now and then keeps it a good citizen.
+				lastYield = now
+				runtime.Gosched()
+			}
 		}
 		n, err := unix.EpollWait(l.epfd, events, timeout)
 		if n == 0 && err == nil && l.idle.Load() {
@@ -308,7 +315,7 @@ func (l *eventLoop) run() {
 			continue
 		}
 		for _, ev := range events[:max(n, 0)] {
-			if loopToken(ev.Fd) == wakeToken {
+			if loopToken(ev.Pad) == wakeToken {
 				work := l.takePosted()
 				for i, f := range work {
 					f()
@@ -319,7 +326,7 @@ func (l *eventLoop) run() {
 				}
 				continue
 			}
-			if end := l.ends[loopToken(ev.Fd)]; end != nil {
+			if end := l.ends[ev.Fd]; end != nil && end.token == loopToken(ev.Pad) {
 				end.ls.event(end, ev.Events)
 				if l.gen.Load() != gen {
 					// The new runner sees the remaining events again: the epoll
@@ -386,7 +393,9 @@ func (l *eventLoop) checkDeadlines() {
 func (l *eventLoop) failAll() {
 	sessions := make(map[*loopSession]bool)
 	for _, end := range l.ends {
-		sessions[end.ls] = true
+		if end != nil {
+			sessions[end.ls] = true
+		}
 	}
 	for ls := range sessions {
 		ls.teardown()
@@ -399,6 +408,7 @@ func (l *eventLoop) destroy() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.stopped = true
+	l.halt.Store(true)
 	l.posted = nil
 	unix.Close(l.epfd)
 	unix.Close(l.wakefd)
@@ -412,14 +422,28 @@ func (l *eventLoop) add(end *loopEnd) error {
 		l.lastToken++
 	}
 	end.token = l.lastToken
+	if n := len(l.freeSlots); n > 0 {
+		end.slot = l.freeSlots[n-1]
+		l.freeSlots = l.freeSlots[:n-1]
+	} else {
+		end.slot = int32(len(l.ends))
+		l.ends = append(l.ends, nil)
+	}
 	end.events = unix.EPOLLIN
-	ev := unix.EpollEvent{Events: end.events, Fd: int32(end.token)}
+	ev := end.epollEvent(end.events)
 	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, end.fd, &ev); err != nil {
+		l.freeSlots = append(l.freeSlots, end.slot)
+		end.slot = 0
 		return err
 	}
 	end.watched = true
-	l.ends[end.token] = end
+	l.ends[end.slot] = end
 	return nil
+}
+
+// epollEvent is the epoll registration of end for the events wanted.
+func (end *loopEnd) epollEvent(want uint32) unix.EpollEvent {
+	return unix.EpollEvent{Events: want, Fd: end.slot, Pad: int32(end.token)}
 }
 
 // watch brings the epoll registration of end in line with the events wanted. A socket
@@ -433,12 +457,12 @@ func (l *eventLoop) watch(end *loopEnd, want uint32) {
 			end.watched = false
 		}
 	case !end.watched:
-		ev := unix.EpollEvent{Events: want, Fd: int32(end.token)}
+		ev := end.epollEvent(want)
 		if unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, end.fd, &ev) == nil {
 			end.watched, end.events = true, want
 		}
 	case end.events != want:
-		ev := unix.EpollEvent{Events: want, Fd: int32(end.token)}
+		ev := end.epollEvent(want)
 		if unix.EpollCtl(l.epfd, unix.EPOLL_CTL_MOD, end.fd, &ev) == nil {
 			end.events = want
 		}
@@ -456,5 +480,9 @@ func (l *eventLoop) unwatch(end *loopEnd) {
 // remove takes a socket out of the loop for good; it does not close it.
 func (l *eventLoop) remove(end *loopEnd) {
 	l.unwatch(end)
-	delete(l.ends, end.token)
+	if end.slot > 0 && l.ends[end.slot] == end {
+		l.ends[end.slot] = nil
+		l.freeSlots = append(l.freeSlots, end.slot)
+	}
+	end.slot = 0
 }

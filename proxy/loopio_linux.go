@@ -27,10 +27,13 @@ func (*wouldBlock) Timeout() bool   { return true }
 func (*wouldBlock) Temporary() bool { return true }
 
 // isWouldBlock reports whether err is errWouldBlock. A session meets it on every side
-// it finds empty, twice or more per round trip, so the usual case is a pointer
-// comparison, not errors.Is.
+// it finds empty, twice or more per round trip, so the usual case is a type check, not
+// errors.Is.
 func isWouldBlock(err error) bool {
-	return err == errWouldBlock || errors.Is(err, errWouldBlock)
+	if _, ok := err.(*wouldBlock); ok {
+		return true // a type check: no call, unlike comparing two interfaces
+	}
+	return errors.Is(err, errWouldBlock)
 }
 
 // endReader is what the bufio.Reader of a loop session's side reads: bytes carried over

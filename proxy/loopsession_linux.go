@@ -56,6 +56,7 @@ type loopEnd struct {
 	ls      *loopSession
 	fd      int
 	token   loopToken
+	slot    int32  // in the loop's table of sockets; 0 when not in it
 	events  uint32 // the events registered
 	watched bool   // in the epoll set
 	hup     bool   // the socket reported a hang-up or an error
@@ -311,7 +312,7 @@ func (ls *loopSession) process() {
 					continue
 				}
 			}
-			ready, tooLarge := ls.whole(r, &side.in)
+			typ, n, ready, tooLarge := ls.whole(r, &side.in)
 			if tooLarge {
 				if side == &ls.upstream && ls.startStream() {
 					moved = true
@@ -326,10 +327,17 @@ func (ls *loopSession) process() {
 			moved = true
 			budget--
 			var done bool
-			if side == &ls.client {
-				done, _ = c.clientStep()
-			} else {
+			switch {
+			case n < 0 && side == &ls.client:
+				done, _ = c.clientStep() // meets the error
+			case n < 0:
 				done, _ = c.upstreamStep()
+			case side == &ls.client:
+				_, _ = r.br.Discard(5)
+				done, _ = c.clientMessage(typ, n)
+			default:
+				_, _ = r.br.Discard(5)
+				done, _ = c.upstreamMessage(typ, n)
 			}
 			if ls.detached {
 				// This goroutine is no longer the loop's: hand the rest back.
@@ -365,30 +373,34 @@ func (ls *loopSession) process() {
 }
 
 // whole reports whether the next message from r is buffered whole, reading from the
-// socket as needed. A failed read counts as ready, so that the handler meets the error
-// as the goroutine relay does; tooLarge means the message is beyond what a loop holds.
-func (ls *loopSession) whole(r *msgReader, in *endReader) (ready, tooLarge bool) {
-	_, n, err := r.peekHeader()
+// socket as needed, and returns its type and body length so that the handler need not
+// read the header again. A failed read counts as ready with n = -1, so that the handler
+// meets the error as the goroutine relay does; tooLarge means the message is beyond what
+// a loop holds.
+func (ls *loopSession) whole(r *msgReader, in *endReader) (typ byte, n int, ready, tooLarge bool) {
+	typ, n, err := r.peekHeader()
 	if err != nil {
 		// Waiting for the header, or a header that next() rejects in the handler.
-		return !isWouldBlock(err), false
+		return 0, -1, !isWouldBlock(err), false
 	}
 	need := 5 + n
 	if need > loopMaxMessage {
-		return false, true
+		return 0, -1, false, true
 	}
 	for need > r.br.Size() {
 		// Fill the buffer before growing it, so that memory follows the bytes that
 		// came and not the length a header announced.
 		if _, err := r.br.Peek(r.br.Size()); err != nil {
-			return !isWouldBlock(err), false
+			return 0, -1, !isWouldBlock(err), false
 		}
 		r.br = rebuffer(r.br, in, min(need, 2*r.br.Size()))
 	}
-	if _, err := r.br.Peek(need); err != nil {
-		return !isWouldBlock(err), false
+	if r.br.Buffered() < need {
+		if _, err := r.br.Peek(need); err != nil {
+			return 0, -1, !isWouldBlock(err), false
+		}
 	}
-	return true, false
+	return typ, n, true, false
 }
 
 // startStream starts forwarding the upstream's next message, too large for the loop to

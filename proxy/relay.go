@@ -40,6 +40,11 @@ func (c *conn) clientStep() (done bool, err error) {
 	if err != nil {
 		return true, c.clientReadFailed(err)
 	}
+	return c.clientMessage(typ, n)
+}
+
+// clientMessage is clientStep for a message whose header has been read.
+func (c *conn) clientMessage(typ byte, n int) (done bool, err error) {
 	err = c.fromClient(typ, n)
 	if err == nil && (typ == clientTerminate || c.cr.br.Buffered() == 0) {
 		if err = c.server.w.Flush(); err != nil {
@@ -139,6 +144,11 @@ func (c *conn) upstreamStep() (done bool, err error) {
 	if err != nil {
 		return true, c.upstreamReadFailed(err)
 	}
+	return c.upstreamMessage(typ, n)
+}
+
+// upstreamMessage is upstreamStep for a message whose header has been read.
+func (c *conn) upstreamMessage(typ byte, n int) (done bool, err error) {
 	c.cwMu.Lock()
 	sawFatal, err := c.fromUpstream(typ, n)
 	if err == nil && c.server.r.br.Buffered() == 0 {

@@ -741,7 +741,7 @@ func TestLoopLingersForTheNextSession(t *testing.T) {
 	}
 	g.release(c)
 	g.close()
-	if !c.isStopped() {
+	if !c.halt.Load() {
 		t.Fatal("close did not stop the idle loop")
 	}
 	select {

@@ -16,7 +16,11 @@ import (
 // Refused: LISTEN, SQL-level PREPARE, DECLARE … WITH HOLD, CREATE TEMP (tables, views,
 // sequences, CREATE TABLE AS and SELECT INTO), and the session-level advisory lock
 // functions (pg_advisory_lock, pg_advisory_lock_shared, pg_try_advisory_lock,
-// pg_try_advisory_lock_shared; the _xact_ ones are fine). A lock function is found by
+// pg_try_advisory_lock_shared; the _xact_ ones are fine), and SET or RESET SESSION
+// AUTHORIZATION (and SET session_authorization): the session user is no setting the proxy
+// can carry or reset, and it would stay on the connection for the next client, whose
+// ParameterStatus would still name its own user. SET LOCAL SESSION AUTHORIZATION is
+// fine: it ends with the transaction, which keeps its connection till then. A lock function is found by
 // its name in the text, so a string literal that names one is refused too; one called
 // from a server-side function is not found.
 
@@ -33,7 +37,8 @@ func refusedInTransactionMode(sql string) []byte {
 		return refusedMessage("session-level advisory locks")
 	}
 	if !containsFold(sql, "listen") && !containsFold(sql, "prepare") &&
-		!containsFold(sql, "hold") && !containsFold(sql, "temp") {
+		!containsFold(sql, "hold") && !containsFold(sql, "temp") &&
+		!containsFold(sql, "authorization") {
 		return nil
 	}
 	tree, err := pg_query.Parse(sql)
@@ -64,6 +69,9 @@ func refusedStatement(stmt *pg_query.Node) string {
 		stmt.GetCreateSeqStmt() != nil && temp(stmt.GetCreateSeqStmt().GetSequence()),
 		stmt.GetSelectStmt() != nil && temp(stmt.GetSelectStmt().GetIntoClause().GetRel()):
 		return "temporary tables"
+	case stmt.GetVariableSetStmt() != nil && stmt.GetVariableSetStmt().GetName() == "session_authorization" &&
+		!stmt.GetVariableSetStmt().GetIsLocal():
+		return "SET or RESET SESSION AUTHORIZATION"
 	}
 	return ""
 }

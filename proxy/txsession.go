@@ -105,6 +105,8 @@ type expect struct {
 	refusal []byte
 	// capture: the injected query is captureSQL.
 	capture bool
+	// dealloc: the empty Query in the place of a DEALLOCATE (see txlocal.go).
+	dealloc *deallocation
 }
 
 // pooledConn is the server side of a session in transaction mode; see the top of the
@@ -281,6 +283,13 @@ func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte
 		}
 		return out, pc, nil
 	}
+	var verdict queryVerdict
+	if typ == clientQuery {
+		verdict = checkQuery(body)
+	}
+	if v.pc == nil && v.answerIdle(typ, body, verdict) {
+		return out, pc, nil
+	}
 	if v.pc == nil {
 		switch typ {
 		case clientSync: // an empty cycle: nothing to ask a server
@@ -320,11 +329,18 @@ func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte
 	}
 	switch typ {
 	case clientQuery:
+		if verdict.dealloc != nil && !v.unsynced {
+			var r []byte
+			if out, r = v.deallocateInTransaction(out, verdict.dealloc); r == nil {
+				return out, pc, nil
+			}
+			verdict.refusal = r
+		}
 		v.outstanding++
 		v.queries++
 		pc.unnamed = nil // a Query replaces the unnamed statement
 		e := expect{kind: expQuery}
-		if r := refusedInTransactionMode(zstring(body)); r != nil {
+		if r := verdict.refusal; r != nil {
 			e.refusal = r
 			v.queue = append(v.queue, e)
 			return appendQuery(out, standInSQL), pc, nil
@@ -610,6 +626,10 @@ func (v *pooledConn) serverMessage(msg []byte) {
 			if front.kind == expInjectedClose {
 				return
 			}
+		}
+	case serverEmptyQueryResponse:
+		if front != nil && front.dealloc != nil {
+			msg = v.deallocate(front.dealloc, v.txStatus)
 		}
 	case serverErrorResponse:
 		if front != nil && front.refusal != nil {

@@ -1,0 +1,167 @@
+package proxy
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/leafproxy/leafproxy/internal/testenv"
+)
+
+// TestTxPoolDeallocate: SQL-level DEALLOCATE of a client's protocol-level statements is
+// answered per client, in and out of transactions, and never drops the server's
+// statement another client of the same connection uses (a pool of one).
+func TestTxPoolDeallocate(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p := startProxy(t, db, inTransactionMode, func(s *Server) { s.Pooling.PoolSize = 1 })
+	ctx := testContext(t)
+	a := connect(t, p.url(db)).PgConn()
+	b := connect(t, p.url(db)).PgConn()
+	prepare := func(c *pgconn.PgConn, name, sql string) {
+		t.Helper()
+		if _, err := c.Prepare(ctx, name, sql, nil); err != nil {
+			t.Fatalf("prepare %s: %v", name, err)
+		}
+	}
+	run := func(c *pgconn.PgConn, name, want string) {
+		t.Helper()
+		res := c.ExecPrepared(ctx, name, nil, nil, nil).Read()
+		if res.Err != nil || len(res.Rows) != 1 || string(res.Rows[0][0]) != want {
+			t.Fatalf("execute %s: %v %q, want %s", name, res.Err, res.Rows, want)
+		}
+	}
+	exec := func(c *pgconn.PgConn, sql string) ([]*pgconn.Result, error) {
+		t.Helper()
+		return c.Exec(ctx, sql).ReadAll()
+	}
+	wantTag := func(sql, tag string) {
+		t.Helper()
+		res, err := exec(a, sql)
+		if err != nil || len(res) != 1 || res[0].CommandTag.String() != tag {
+			t.Fatalf("%s: %v, want %s", sql, err, tag)
+		}
+	}
+	prepare(a, "s1", "SELECT 1")
+	prepare(b, "s1", "SELECT 1") // the same server-side statement
+	wantTag("DEALLOCATE s1", "DEALLOCATE")
+	run(b, "s1", "1")
+	prepare(a, "s1", "SELECT 2") // the name is free again
+	run(a, "s1", "2")
+	wantTag("DEALLOCATE PREPARE s1", "DEALLOCATE")
+	_, err := exec(a, "DEALLOCATE s1")
+	pgErr := wantSQLState(t, err, "26000")
+	if pgErr.Message != `prepared statement "s1" does not exist` {
+		t.Fatalf("message %q", pgErr.Message)
+	}
+	prepare(a, "s1", "SELECT 1")
+	prepare(a, "S2", "SELECT 2")
+	wantTag(`DEALLOCATE "S2"`, "DEALLOCATE")
+	prepare(a, "S2", "SELECT 3")
+	wantTag("DEALLOCATE ALL", "DEALLOCATE ALL")
+	prepare(a, "s1", "SELECT 4")
+	prepare(a, "S2", "SELECT 5")
+	run(a, "s1", "4")
+	run(b, "s1", "1")
+	_, err = exec(a, "SELECT 1; DEALLOCATE s1")
+	wantSQLState(t, err, "0A000")
+	run(a, "s1", "4")
+
+	// In a transaction block: after the statements the server still owes, in order; a
+	// name the client lacks fails the block, as in PostgreSQL.
+	res, err := a.Exec(ctx, "BEGIN; SELECT 7").ReadAll()
+	if err != nil || len(res) != 2 {
+		t.Fatalf("BEGIN: %v", err)
+	}
+	mrr := a.ExecParams(ctx, "SELECT 8", nil, nil, nil, nil).Read()
+	if mrr.Err != nil {
+		t.Fatal(mrr.Err)
+	}
+	wantTag("DEALLOCATE s1", "DEALLOCATE")
+	if a.TxStatus() != 'T' {
+		t.Fatalf("transaction status %c after DEALLOCATE, want T", a.TxStatus())
+	}
+	prepare(a, "s1", "SELECT 9")
+	run(a, "s1", "9")
+	_, err = exec(a, "DEALLOCATE nosuch")
+	wantSQLState(t, err, "26000")
+	_, err = exec(a, "SELECT 1")
+	wantSQLState(t, err, "25P02")
+	_, err = exec(a, "DEALLOCATE s1")
+	wantSQLState(t, err, "25P02")
+	if _, err := exec(a, "ROLLBACK"); err != nil {
+		t.Fatal(err)
+	}
+	run(a, "s1", "9") // the failed DEALLOCATE kept it
+	run(b, "s1", "1")
+	if _, err := exec(a, "BEGIN; DEALLOCATE ALL; COMMIT"); err == nil {
+		t.Fatal("DEALLOCATE among other statements was not refused")
+	}
+	wantTag("DEALLOCATE ALL", "DEALLOCATE ALL")
+	run(b, "s1", "1")
+}
+
+// TestTxPoolRefusalWithoutServer: a refused statement outside a transaction is answered
+// without a server connection: with the only one of the pool held by another client's
+// transaction it comes back at once with 0A000, in both protocols, and so do DEALLOCATE
+// and its error; nothing waits for the pool.
+func TestTxPoolRefusalWithoutServer(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p := startProxy(t, db, inTransactionMode, func(s *Server) {
+		s.Pooling.PoolSize = 1
+		s.Pooling.QueryWaitTimeout = 5 * time.Minute
+	})
+	ctx := testContext(t)
+	holder := connect(t, p.url(db))
+	client := connect(t, p.url(db))
+	if _, err := client.PgConn().Prepare(ctx, "s1", "SELECT 1", nil); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := holder.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+		t.Fatal(err)
+	}
+	acquires := p.srv.PoolStats()[0].Acquires
+	// Without the answer of its own, the statement would wait for the holder's
+	// transaction, which lasts until the end of the test.
+	quick, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	for _, sql := range []string{"LISTEN channel", "SELECT pg_advisory_lock(1)", "SET SESSION AUTHORIZATION DEFAULT"} {
+		for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeExec} {
+			_, err := client.Exec(quick, sql, mode)
+			wantSQLState(t, err, "0A000")
+		}
+	}
+	// A refused Parse among other messages of its cycle: the error, then ReadyForQuery.
+	if _, err := client.PgConn().Prepare(quick, "", "SELECT pg_advisory_lock(2)", nil); err == nil {
+		t.Fatal("Prepare of a session advisory lock was not refused")
+	}
+	res := client.PgConn().Exec(quick, "DEALLOCATE s1")
+	if _, err := res.ReadAll(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = client.PgConn().Exec(quick, "DEALLOCATE s1").ReadAll()
+	wantSQLState(t, err, "26000")
+	if client.PgConn().TxStatus() != 'I' {
+		t.Fatalf("transaction status %c, want I", client.PgConn().TxStatus())
+	}
+	st := p.srv.PoolStats()[0]
+	if st.Acquires != acquires || st.ClientsWaiting != 0 {
+		t.Fatalf("the refusals asked the pool for a connection: %+v (acquires before: %d)", st, acquires)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.PgConn().Prepare(ctx, "s1", "SELECT 2", nil); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := client.QueryRow(ctx, "SELECT 3").Scan(&n); err != nil || n != 3 {
+		t.Fatalf("after the refusals: %d, %v", n, err)
+	}
+}

@@ -50,12 +50,14 @@ type queryVerdict struct {
 	dealloc *deallocation
 }
 
-// checkQuery looks at the text of a Query.
-func checkQuery(body []byte) queryVerdict {
+// checkQuery looks at the text of a Query, and notes the custom settings it sets (see
+// txcustom.go). Called with mu held.
+func (v *pooledConn) checkQuery(body []byte) queryVerdict {
 	sql := zstring(body)
 	if r := refusedInTransactionMode(sql); r != nil {
 		return queryVerdict{refusal: r}
 	}
+	v.noteCustomSettings(sql)
 	if !containsFold(sql, "deallocate") {
 		return queryVerdict{}
 	}
@@ -96,7 +98,7 @@ func (v *pooledConn) answerIdle(typ byte, body []byte, verdict queryVerdict) boo
 		v.synth = append(v.synth, serverReadyForQuery, 0, 0, 0, 5, txIdle)
 	case clientParse:
 		name := zstring(body)
-		r := refusedInTransactionMode(zstring(body[len(name)+1:]))
+		r := v.checkParse(zstring(body[len(name)+1:]))
 		if r == nil {
 			return false
 		}

@@ -165,3 +165,65 @@ func TestTxPoolRefusalWithoutServer(t *testing.T) {
 		t.Fatalf("after the refusals: %d, %v", n, err)
 	}
 }
+
+// TestTxPoolCustomSettingsDoNotLeak: a custom setting (SET app.tenant = …, which
+// pg_settings does not list) follows its client and never reaches another client of the
+// same server connection (a pool of one), in both protocols.
+func TestTxPoolCustomSettingsDoNotLeak(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p := startProxy(t, db, inTransactionMode, func(s *Server) { s.Pooling.PoolSize = 1 })
+	ctx := testContext(t)
+	setter := connect(t, p.url(db))
+	other := connect(t, p.url(db))
+	tenant := func(c *pgx.Conn) string {
+		t.Helper()
+		var v *string
+		if err := c.QueryRow(ctx, "SELECT current_setting('app.tenant', true)").Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		if v == nil {
+			return ""
+		}
+		return *v
+	}
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeExec} {
+		want := "t-" + mode.String()
+		if _, err := setter.Exec(ctx, "SET app.tenant = '"+want+"'", mode); err != nil {
+			t.Fatal(err)
+		}
+		for range 3 {
+			if v := tenant(other); v != "" {
+				t.Fatalf("%s: another client's app.tenant %q reached this one", mode, v)
+			}
+			if v := tenant(setter); v != want {
+				t.Fatalf("%s: app.tenant %q did not follow its client (want %q)", mode, v, want)
+			}
+		}
+	}
+	if _, err := setter.Exec(ctx, "RESET app.tenant"); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []*pgx.Conn{setter, other, setter} {
+		if v := tenant(c); v != "" {
+			t.Fatalf("after RESET: app.tenant %q", v)
+		}
+	}
+}
+
+func TestMaySetCustom(t *testing.T) {
+	for sql, want := range map[string]bool{
+		"SET app.tenant = 1":                     true,
+		"set  session\tmyapp.x TO 'a'":           true,
+		"BEGIN; SET LOCAL app.x = 1":             true,
+		`RESET "App".x`:                          true,
+		"SET search_path = a, b.c":               false,
+		"UPDATE public.t SET x = 1":              false,
+		"UPDATE t SET x = s.y FROM s":            false,
+		"SELECT offset.x FROM t":                 false,
+		"SELECT set_config('app.x', '1', false)": false,
+	} {
+		if got := maySetCustom(sql); got != want {
+			t.Errorf("maySetCustom(%q) = %v, want %v", sql, got, want)
+		}
+	}
+}

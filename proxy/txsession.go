@@ -141,6 +141,10 @@ type pooledConn struct {
 	stmts   map[string]*clientStmt
 	unnamed *clientStmt
 	params  map[string]string // lower-case name → the client's value
+	// custom holds the custom settings the client SET (see txcustom.go), customSQL the
+	// capture query that reads them back ("" until built).
+	custom    map[string]bool
+	customSQL string
 
 	// Write side: a partial message, and the error that fails the cycle being discarded.
 	wbuf       []byte
@@ -285,7 +289,7 @@ func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte
 	}
 	var verdict queryVerdict
 	if typ == clientQuery {
-		verdict = checkQuery(body)
+		verdict = v.checkQuery(body)
 	}
 	if v.pc == nil && v.answerIdle(typ, body, verdict) {
 		return out, pc, nil
@@ -398,7 +402,7 @@ func (v *pooledConn) parse(out, msg []byte) []byte {
 	name := zstring(body)
 	rest := body[len(name)+1:]
 	query := zstring(rest)
-	r := refusedInTransactionMode(query)
+	r := v.checkParse(query)
 	if r == nil && name != "" && v.stmts[name] != nil {
 		r = errorMessage(sqlstate.DuplicatePreparedStatement, fmt.Sprintf("prepared statement %q already exists", name), "")
 	}

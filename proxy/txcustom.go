@@ -1,0 +1,124 @@
+package proxy
+
+import (
+	"strings"
+
+	pg_query "github.com/pganalyze/pg_query_go/v6"
+)
+
+// Custom settings (a name with a dot: SET app.tenant = 42, the usual way to hand a value
+// to row-level security policies) are not listed by pg_settings, so captureSQL cannot
+// find them: they stayed on the server connection, for the next client to see. The proxy
+// learns their names from the client's SET statements (a SET whose name has a dot) and
+// reads them back, carries them and resets them for other clients, like the settings
+// pg_settings lists. A custom setting changed only with set_config() is not seen.
+
+// maxCustomSettings bounds the custom setting names one client's session keeps.
+const maxCustomSettings = 64
+
+// checkParse returns the refusal of the text of a Parse, and notes the custom settings
+// it sets. Called with mu held.
+func (v *pooledConn) checkParse(query string) []byte {
+	if r := refusedInTransactionMode(query); r != nil {
+		return r
+	}
+	v.noteCustomSettings(query)
+	return nil
+}
+
+// noteCustomSettings notes the names of the custom settings the SET statements of sql
+// change. Called with mu held.
+func (v *pooledConn) noteCustomSettings(sql string) {
+	if !maySetCustom(sql) {
+		return
+	}
+	tree, err := pg_query.Parse(sql)
+	if err != nil {
+		return
+	}
+	for _, raw := range tree.GetStmts() {
+		set := raw.GetStmt().GetVariableSetStmt()
+		if set == nil || !strings.Contains(set.GetName(), ".") || len(v.custom) >= maxCustomSettings {
+			continue
+		}
+		name := strings.ToLower(set.GetName())
+		if !v.custom[name] {
+			if v.custom == nil {
+				v.custom = make(map[string]bool)
+			}
+			v.custom[name] = true
+			v.customSQL = ""
+		}
+	}
+}
+
+// maySetCustom is the cheap test before noteCustomSettings parses: sql has the word SET
+// (or RESET), maybe followed by SESSION or LOCAL, then a name with a dot.
+func maySetCustom(sql string) bool {
+	for i := 0; i+3 <= len(sql); i++ {
+		if sql[i]|('a'-'A') != 's' || !strings.EqualFold(sql[i:i+3], "set") {
+			continue
+		}
+		start := i
+		if start >= 2 && strings.EqualFold(sql[start-2:start], "re") {
+			start -= 2 // RESET
+		}
+		if start > 0 && identByte(sql[start-1]) {
+			continue
+		}
+		j := i + 3
+		for word := 0; word < 2; word++ {
+			k := skipSpace(sql, j)
+			if k == j {
+				break // SET must be followed by a space
+			}
+			j = k
+			if w := nextWord(sql, j); strings.EqualFold(w, "session") || strings.EqualFold(w, "local") {
+				j += len(w)
+				continue
+			}
+			break
+		}
+		for ; j < len(sql) && (identByte(sql[j]) || sql[j] == '"' || sql[j] == '.'); j++ {
+			if sql[j] == '.' {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func identByte(c byte) bool {
+	return c == '_' || c == '$' || c >= '0' && c <= '9' || c|('a'-'A') >= 'a' && c|('a'-'A') <= 'z' || c >= 0x80
+}
+
+func skipSpace(s string, i int) int {
+	for i < len(s) && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r' || s[i] == '\f') {
+		i++
+	}
+	return i
+}
+
+func nextWord(s string, i int) string {
+	j := i
+	for j < len(s) && identByte(s[j]) {
+		j++
+	}
+	return s[i:j]
+}
+
+// captureQuery returns captureSQL, and the custom settings the client set.
+func (v *pooledConn) captureQuery() string {
+	if len(v.custom) == 0 {
+		return captureSQL
+	}
+	if v.customSQL == "" {
+		names := make([]string, 0, len(v.custom))
+		for n := range v.custom {
+			names = append(names, quoteLiteral(n))
+		}
+		v.customSQL = captureSQL + " UNION ALL SELECT n, pg_catalog.current_setting(n, true) FROM pg_catalog.unnest(ARRAY[" +
+			strings.Join(names, ", ") + "]::text[]) AS n WHERE pg_catalog.current_setting(n, true) IS NOT NULL"
+	}
+	return v.customSQL
+}

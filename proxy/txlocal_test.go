@@ -14,9 +14,21 @@ import (
 // TestTxPoolDeallocate: SQL-level DEALLOCATE of a client's protocol-level statements is
 // answered per client, in and out of transactions, and never drops the server's
 // statement another client of the same connection uses (a pool of one).
+// With the rewriter, statements without IDs are answered alike.
 func TestTxPoolDeallocate(t *testing.T) {
-	db := testenv.NewDatabase(t)
-	p := startProxy(t, db, inTransactionMode, func(s *Server) { s.Pooling.PoolSize = 1 })
+	poolOfOne := func(s *Server) { s.Pooling.PoolSize = 1 }
+	t.Run("relay", func(t *testing.T) {
+		db := testenv.NewDatabase(t)
+		testTxPoolDeallocate(t, db, startProxy(t, db, inTransactionMode, poolOfOne))
+	})
+	t.Run("rewriting", func(t *testing.T) {
+		db := testenv.NewDatabase(t)
+		p, _ := rewritingProxy(t, db, inTransactionMode, poolOfOne)
+		testTxPoolDeallocate(t, db, p)
+	})
+}
+
+func testTxPoolDeallocate(t *testing.T, db string, p *testProxy) {
 	ctx := testContext(t)
 	a := connect(t, p.url(db)).PgConn()
 	b := connect(t, p.url(db)).PgConn()

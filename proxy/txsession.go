@@ -40,7 +40,8 @@ import (
 //     ParseComplete the client never sees. The unnamed statement is carried the same
 //     way from one cycle to the next. A client's Close of a named statement is answered
 //     through a Close of a portal that does not exist, which the server acknowledges in
-//     order, so that the statement stays prepared for whoever else uses it.
+//     order, so that the statement stays prepared for whoever else uses it; a SQL-level
+//     DEALLOCATE is answered by the proxy (see txlocal.go).
 //   - Settings: the client's values of the settings the server reports (ParameterStatus)
 //     and of those it SET itself are applied, with set_config, on each server connection
 //     it borrows where they differ; what a client SET is read back from pg_settings when
@@ -48,7 +49,8 @@ import (
 //     settings the server does not report follow the client too.
 //   - Refusals: what cannot follow a client from one server connection to the next
 //     (session advisory locks, LISTEN, temporary tables, cursors WITH HOLD, SQL-level
-//     PREPARE) is refused with 0A000 (see txrefusal.go).
+//     PREPARE, SET SESSION AUTHORIZATION) is refused with 0A000 (see txrefusal.go),
+//     without a server connection when the session holds none (see txlocal.go).
 //   - Failures: a wait for a connection that times out, or a server that cannot be
 //     reached, fails the cycle with the pool's SQLSTATE (57014, 08001) and the session
 //     goes on; a connection lost while borrowed ends this session only (08006), and the

@@ -239,3 +239,44 @@ func TestMaySetCustom(t *testing.T) {
 		}
 	}
 }
+
+// TestTxPoolReadOnlyDefaultDoesNotLeak: SET default_transaction_read_only (and SET
+// SESSION CHARACTERISTICS AS TRANSACTION READ ONLY) follows its client and never makes
+// another client's transactions read-only (a pool of one).
+func TestTxPoolReadOnlyDefaultDoesNotLeak(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p := startProxy(t, db, inTransactionMode, func(s *Server) { s.Pooling.PoolSize = 1 })
+	ctx := testContext(t)
+	setter := connect(t, p.url(db))
+	other := connect(t, p.url(db))
+	readOnly := func(c *pgx.Conn) string {
+		t.Helper()
+		var v string
+		if err := c.QueryRow(ctx, "SHOW transaction_read_only").Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	for _, sql := range []string{"SET default_transaction_read_only = on", "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY"} {
+		if _, err := setter.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+		for range 3 {
+			if v := readOnly(other); v != "off" {
+				t.Fatalf("after another client's %s: transaction_read_only %s", sql, v)
+			}
+			if v := readOnly(setter); v != "on" {
+				t.Fatalf("%s did not follow its client: transaction_read_only %s", sql, v)
+			}
+		}
+		if got := other.PgConn().ParameterStatus("default_transaction_read_only"); got != "off" {
+			t.Fatalf("ParameterStatus default_transaction_read_only %q for the other client", got)
+		}
+		if _, err := setter.Exec(ctx, "RESET default_transaction_read_only"); err != nil {
+			t.Fatal(err)
+		}
+		if v := readOnly(setter); v != "off" {
+			t.Fatalf("after RESET: transaction_read_only %s", v)
+		}
+	}
+}

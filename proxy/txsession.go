@@ -61,7 +61,7 @@ import (
 var notCarried = map[string]bool{
 	"server_version": true, "server_encoding": true, "is_superuser": true,
 	"session_authorization": true, "integer_datetimes": true, "in_hot_standby": true,
-	"default_transaction_read_only": true, "scram_iterations": true,
+	"scram_iterations": true,
 }
 
 // captureSQL reads back the settings a client changed with SET (or RESET) once its

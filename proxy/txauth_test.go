@@ -54,6 +54,15 @@ func TestTxPoolSessionAuthorization(t *testing.T) {
 			}
 		}
 	}
+	// set_config is not refused, but the connection it ran on is reset before another
+	// client gets it.
+	var got string
+	if err := a.QueryRow(ctx, "SELECT set_config('session_authorization', $1, false)", role).Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	if u := users(b); u != login {
+		t.Fatalf("after set_config('session_authorization'): session_user/current_user %s, want %s", u, login)
+	}
 	tx, err := a.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -76,6 +76,23 @@ func refusedStatement(stmt *pg_query.Node) string {
 	return ""
 }
 
+// sessionUserChanged reports whether the session user of p is no longer the one it
+// logged in as: SET SESSION AUTHORIZATION is refused, but set_config can change it too,
+// and the server reports it. Such a connection is reset (DISCARD ALL) before it is lent
+// again, lest the next client run as that user.
+func (p *physConn) sessionUserChanged() bool {
+	now, ok := p.params["session_authorization"]
+	if !ok {
+		return false
+	}
+	for _, pv := range p.login {
+		if strings.EqualFold(pv.name, "session_authorization") {
+			return pv.value != now
+		}
+	}
+	return false
+}
+
 func refusedMessage(what string) []byte {
 	return errorMessage(sqlstate.FeatureNotSupported, what+" cannot be used in transaction pool mode", refusalHint)
 }

@@ -207,6 +207,9 @@ func (v *pooledConn) giveBack(st pool.State) {
 	}
 	if st == pool.Clean {
 		v.srv.CountTransaction(v.queries)
+		if v.pc.sessionUserChanged() {
+			st = pool.NeedsReset
+		}
 	}
 	v.srv.Release(st)
 	v.srv, v.pc = nil, nil

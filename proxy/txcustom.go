@@ -11,7 +11,8 @@ import (
 // find them: they stayed on the server connection, for the next client to see. The proxy
 // learns their names from the client's SET statements (a SET whose name has a dot) and
 // reads them back, carries them and resets them for other clients, like the settings
-// pg_settings lists. A custom setting changed only with set_config() is not seen.
+// pg_settings lists. A set_config call the client sends (not one in a server-side
+// function) is noted too: it makes the session read its settings back, as a SET does.
 
 // maxCustomSettings bounds the custom setting names one client's session keeps.
 const maxCustomSettings = 64
@@ -29,6 +30,9 @@ func (v *pooledConn) checkParse(query string) []byte {
 // noteCustomSettings notes the names of the custom settings the SET statements of sql
 // change. Called with mu held.
 func (v *pooledConn) noteCustomSettings(sql string) {
+	if containsFold(sql, "set_config") {
+		v.noteSetConfig(sql)
+	}
 	if !maySetCustom(sql) {
 		return
 	}
@@ -37,17 +41,63 @@ func (v *pooledConn) noteCustomSettings(sql string) {
 		return
 	}
 	for _, raw := range tree.GetStmts() {
-		set := raw.GetStmt().GetVariableSetStmt()
-		if set == nil || !strings.Contains(set.GetName(), ".") || len(v.custom) >= maxCustomSettings {
+		if set := raw.GetStmt().GetVariableSetStmt(); set != nil {
+			v.noteCustom(set.GetName())
+		}
+	}
+}
+
+// noteCustom notes name when it is a custom setting's. Called with mu held.
+func (v *pooledConn) noteCustom(name string) {
+	if !strings.Contains(name, ".") || len(v.custom) >= maxCustomSettings {
+		return
+	}
+	name = strings.ToLower(name)
+	if !v.custom[name] {
+		if v.custom == nil {
+			v.custom = make(map[string]bool)
+		}
+		v.custom[name] = true
+		v.customSQL = ""
+	}
+}
+
+// noteSetConfig looks at the set_config calls of sql, with the lexer: one that is not
+// local (its last argument is not the literal true) makes the session read its settings
+// back when its transaction ends, as a SET does, and a custom setting it names with a
+// string literal is noted. Called with mu held.
+func (v *pooledConn) noteSetConfig(sql string) {
+	scan, err := pg_query.Scan(sql)
+	if err != nil {
+		return
+	}
+	toks := scan.GetTokens()
+	text := func(t *pg_query.ScanToken) string { return sql[t.GetStart():t.GetEnd()] }
+	for i := 0; i+1 < len(toks); i++ {
+		if !strings.EqualFold(text(toks[i]), "set_config") || toks[i+1].GetToken() != pg_query.Token_ASCII_40 {
 			continue
 		}
-		name := strings.ToLower(set.GetName())
-		if !v.custom[name] {
-			if v.custom == nil {
-				v.custom = make(map[string]bool)
+		depth, last := 0, -1
+		for j := i + 1; j < len(toks); j++ {
+			switch text(toks[j]) {
+			case "(":
+				depth++
+			case ")":
+				depth--
 			}
-			v.custom[name] = true
-			v.customSQL = ""
+			if depth == 0 {
+				last = j - 1
+				break
+			}
+		}
+		if last >= 0 && strings.EqualFold(text(toks[last]), "true") {
+			continue // set_config(…, true) ends with the transaction
+		}
+		v.needCapture = true
+		if i+2 < len(toks) && toks[i+2].GetToken() == pg_query.Token_SCONST {
+			if lit := text(toks[i+2]); len(lit) >= 2 && lit[0] == '\'' {
+				v.noteCustom(strings.ReplaceAll(lit[1:len(lit)-1], "''", "'"))
+			}
 		}
 	}
 }

@@ -212,6 +212,26 @@ func TestTxPoolCustomSettingsDoNotLeak(t *testing.T) {
 			}
 		}
 	}
+	// set_config from the client, with a literal name, in both protocols; and of a
+	// setting pg_settings lists.
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeExec} {
+		want := "sc-" + mode.String()
+		if _, err := setter.Exec(ctx, "SELECT pg_catalog.set_config('app.tenant', $1, false), set_config('search_path', 'nowhere', false)", mode, want); err != nil {
+			t.Fatal(err)
+		}
+		for range 3 {
+			if v := tenant(other); v != "" {
+				t.Fatalf("%s: another client's set_config('app.tenant') %q reached this one", mode, v)
+			}
+			if v := tenant(setter); v != want {
+				t.Fatalf("%s: set_config('app.tenant') %q did not follow its client (want %q)", mode, v, want)
+			}
+			var path string
+			if err := other.QueryRow(ctx, "SHOW search_path").Scan(&path); err != nil || path == "nowhere" {
+				t.Fatalf("%s: another client's set_config('search_path') reached this one: %q, %v", mode, path, err)
+			}
+		}
+	}
 	if _, err := setter.Exec(ctx, "RESET app.tenant"); err != nil {
 		t.Fatal(err)
 	}

@@ -30,8 +30,12 @@ import (
 // DEALLOCATE's place, and its EmptyQueryResponse is replaced by the answer; a DEALLOCATE
 // of a name the client does not have fails the transaction as PostgreSQL's would, through
 // the stand-in. A DEALLOCATE in a Query string of several statements is refused with
-// 0A000; one in the extended protocol (Parse of a DEALLOCATE text) reaches the server,
-// which knows no statement of the client's name.
+// 0A000. In the extended protocol, a cycle that begins, outside a transaction, with the
+// Parse of a DEALLOCATE as the unnamed statement (psycopg sends its DEALLOCATE so) is
+// answered by the proxy as long as it deals with that statement and its portal; the rest
+// of the cycle, if any, goes to a server connection. A DEALLOCATE parsed elsewhere (a named
+// statement, inside a transaction) reaches the server, which knows no statement of the
+// client's name.
 
 // noError makes discarding skip messages up to the Sync without an error of its own:
 // the error was answered already.
@@ -61,30 +65,47 @@ func (v *pooledConn) checkQuery(body []byte) queryVerdict {
 	if !containsFold(sql, "deallocate") {
 		return queryVerdict{}
 	}
+	d, mixed := deallocateIn(sql)
+	if mixed {
+		return queryVerdict{refusal: errorMessage(sqlstate.FeatureNotSupported,
+			"DEALLOCATE cannot be used together with other statements in one query string in transaction pool mode",
+			"Send the DEALLOCATE as a query of its own.")}
+	}
+	return queryVerdict{dealloc: d}
+}
+
+// deallocateIn returns the DEALLOCATE that sql is, nil when it is none; mixed reports a
+// DEALLOCATE among other statements.
+func deallocateIn(sql string) (d *deallocation, mixed bool) {
 	tree, err := pg_query.Parse(sql)
 	if err != nil {
-		return queryVerdict{} // the server reports the syntax error
+		return nil, false // the server reports the syntax error
 	}
 	stmts := tree.GetStmts()
 	for _, raw := range stmts {
-		d := raw.GetStmt().GetDeallocateStmt()
-		if d == nil {
-			continue
+		if st := raw.GetStmt().GetDeallocateStmt(); st != nil {
+			if len(stmts) > 1 {
+				return nil, true
+			}
+			return &deallocation{name: st.GetName(), all: st.GetIsall()}, false
 		}
-		if len(stmts) > 1 {
-			return queryVerdict{refusal: errorMessage(sqlstate.FeatureNotSupported,
-				"DEALLOCATE cannot be used together with other statements in one query string in transaction pool mode",
-				"Send the DEALLOCATE as a query of its own.")}
-		}
-		return queryVerdict{dealloc: &deallocation{name: d.GetName(), all: d.GetIsall()}}
 	}
-	return queryVerdict{}
+	return nil, false
 }
 
 // answerIdle answers a Query or a Parse that needs no server connection, when the session
 // holds none (so it is outside a transaction); it reports whether it did. Called with mu
 // held.
 func (v *pooledConn) answerIdle(typ byte, body []byte, verdict queryVerdict) bool {
+	if v.localDealloc != nil {
+		if v.answerLocalCycle(typ, body) {
+			v.cond.Broadcast()
+			return true
+		}
+		// A message the proxy does not answer: it and the rest of the cycle go to a
+		// server connection.
+		v.localDealloc = nil
+	}
 	switch typ {
 	case clientQuery:
 		switch {
@@ -98,9 +119,20 @@ func (v *pooledConn) answerIdle(typ byte, body []byte, verdict queryVerdict) boo
 		v.synth = append(v.synth, serverReadyForQuery, 0, 0, 0, 5, txIdle)
 	case clientParse:
 		name := zstring(body)
-		r := v.checkParse(zstring(body[len(name)+1:]))
+		query := zstring(body[len(name)+1:])
+		r := v.checkParse(query)
 		if r == nil {
-			return false
+			if name != "" || !containsFold(query, "deallocate") {
+				return false
+			}
+			d, _ := deallocateIn(query)
+			if d == nil {
+				return false
+			}
+			// A DEALLOCATE in the extended protocol: the proxy answers the cycle.
+			v.localDealloc, v.unnamed = d, nil
+			v.synth = append(v.synth, serverParseComplete, 0, 0, 0, 4)
+			break
 		}
 		if name == "" {
 			v.unnamed = nil // the server drops it before it parses
@@ -117,6 +149,50 @@ func (v *pooledConn) answerIdle(typ byte, body []byte, verdict queryVerdict) boo
 // deallocateInTransaction handles a DEALLOCATE while the session holds pc: it appends the
 // empty Query whose answer the proxy replaces, or returns the error that fails the
 // transaction through the stand-in. Called with mu held.
+// answerLocalCycle answers a message of an extended-protocol cycle that began with the
+// Parse of a DEALLOCATE as the unnamed statement, while it only deals with that
+// statement and its unnamed portal; it reports whether it did. Called with mu held.
+func (v *pooledConn) answerLocalCycle(typ byte, body []byte) bool {
+	switch typ {
+	case clientBind:
+		portal := zstring(body)
+		if portal != "" || zstring(body[len(portal)+1:]) != "" {
+			return false
+		}
+		v.synth = append(v.synth, serverBindComplete, 0, 0, 0, 4)
+	case clientDescribe:
+		if len(body) < 2 || body[1] != 0 {
+			return false
+		}
+		if body[0] == targetStatement {
+			v.synth = append(v.synth, serverParameterDescription, 0, 0, 0, 6, 0, 0)
+		}
+		v.synth = append(v.synth, serverNoData, 0, 0, 0, 4)
+	case clientExecute:
+		if len(body) < 1 || body[0] != 0 {
+			return false
+		}
+		answer := v.deallocate(v.localDealloc, txIdle)
+		v.synth = append(v.synth, answer...)
+		if answer[0] == serverErrorResponse {
+			// As the server, skip to the Sync.
+			v.localDealloc, v.discarding = nil, noError
+		}
+	case clientClose:
+		if len(body) < 2 || body[1] != 0 {
+			return false
+		}
+		v.synth = append(v.synth, serverCloseComplete, 0, 0, 0, 4)
+	case clientSync:
+		v.localDealloc = nil
+		v.synth = append(v.synth, serverReadyForQuery, 0, 0, 0, 5, txIdle)
+	case clientFlush:
+	default:
+		return false
+	}
+	return true
+}
+
 func (v *pooledConn) deallocateInTransaction(out []byte, d *deallocation) ([]byte, []byte) {
 	if !d.all && v.stmts[d.name] == nil {
 		return out, errorMessage(sqlstate.InvalidSQLStatementName, fmt.Sprintf("prepared statement %q does not exist", d.name), "")

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -80,6 +81,52 @@ func testTxPoolDeallocate(t *testing.T, db string, p *testProxy) {
 	_, err = exec(a, "SELECT 1; DEALLOCATE s1")
 	wantSQLState(t, err, "0A000")
 	run(a, "s1", "4")
+
+	// In the extended protocol (psycopg), alone and followed by another statement in
+	// the same pipeline.
+	prepare(a, "x1", "SELECT 10")
+	rr := a.ExecParams(ctx, "DEALLOCATE x1", nil, nil, nil, nil).Read()
+	if rr.Err != nil || rr.CommandTag.String() != "DEALLOCATE" {
+		t.Fatalf("extended DEALLOCATE: %v %q", rr.Err, rr.CommandTag)
+	}
+	rr = a.ExecParams(ctx, "DEALLOCATE x1", nil, nil, nil, nil).Read()
+	wantSQLState(t, rr.Err, "26000")
+	prepare(a, "x1", "SELECT 11")
+	run(a, "x1", "11")
+	pl := a.StartPipeline(ctx)
+	pl.SendQueryParams("DEALLOCATE x1", nil, nil, nil, nil)
+	pl.SendQueryParams("SELECT 12", nil, nil, nil, nil)
+	if err := pl.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for {
+		r, err := pl.GetResults()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r == nil {
+			break
+		}
+		if rr, ok := r.(*pgconn.ResultReader); ok {
+			res := rr.Read()
+			if res.Err != nil {
+				t.Fatal(res.Err)
+			}
+			got = append(got, res.CommandTag.String())
+			if len(res.Rows) == 1 {
+				got = append(got, string(res.Rows[0][0]))
+			}
+		}
+	}
+	if err := pl.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(got, ",") != "DEALLOCATE,SELECT 1,12" {
+		t.Fatalf("pipeline answers %q", got)
+	}
+	prepare(a, "x1", "SELECT 13")
+	run(a, "x1", "13")
 
 	// In a transaction block: after the statements the server still owes, in order; a
 	// name the client lacks fails the block, as in PostgreSQL.

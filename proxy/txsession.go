@@ -147,6 +147,8 @@ type pooledConn struct {
 	// capture query that reads them back ("" until built).
 	custom    map[string]bool
 	customSQL string
+	// localDealloc is the DEALLOCATE of an extended-protocol cycle the proxy answers.
+	localDealloc *deallocation
 
 	// Write side: a partial message, and the error that fails the cycle being discarded.
 	wbuf       []byte

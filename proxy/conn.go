@@ -106,7 +106,7 @@ func (c *conn) serve() {
 		return
 	}
 	if c.transactionPooling() {
-		c.servePooled(packet)
+		adopted = c.servePooled(packet) // a parked session goes on without this goroutine
 		return
 	}
 	if err := c.connectUpstream(packet); err != nil {

@@ -45,6 +45,9 @@ func (c *conn) closeIfIdle() {
 	started := c.server != nil && !c.closed
 	c.mu.Unlock()
 	if started {
+		if v := c.pooled(); v != nil && v.endIfParked() {
+			return
+		}
 		c.engine().whenQuiet(c.endIfIdle)
 	}
 }
@@ -52,7 +55,7 @@ func (c *conn) closeIfIdle() {
 // endIfIdle sends the client the FATAL error of a server shutting down when the session is
 // idle, reporting whether it did; the engine then ends the session.
 func (c *conn) endIfIdle() bool {
-	if c.server.txStatus.Load() != txIdle || c.pending.Load() != 0 {
+	if c.cw == nil || c.server.txStatus.Load() != txIdle || c.pending.Load() != 0 {
 		return false
 	}
 	_, _ = c.cw.Write(fatal(sqlstate.AdminShutdown, "terminating connection due to administrator command"))

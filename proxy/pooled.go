@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unique"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
@@ -47,6 +48,7 @@ type pooling struct {
 	mu     sync.Mutex
 	pool   *pool.Pool[*physConn]
 	closed bool
+	lot    *parkLot // the parked sessions (park.go); nil before the first
 
 	// targets maps each key to where and how its connections log in (*poolTarget).
 	targets sync.Map
@@ -202,6 +204,10 @@ type physConn struct {
 	// unnamed is the client statement the unnamed statement of this connection was last
 	// parsed from, nil when unknown.
 	unnamed *clientStmt
+	// applied: params is what applySettings made of the client settings appliedKey
+	// stands for (see pooledConn.settingsKey), and nothing changed them since.
+	applied    bool
+	appliedKey unique.Handle[string]
 }
 
 type paramValue struct{ name, value string }
@@ -346,6 +352,7 @@ func (pc physConnector) Reset(ctx context.Context, p *physConn) error {
 	}
 	clear(p.prepared)
 	p.unnamed = nil
+	p.applied = false
 	for {
 		typ, body, err := p.readMessage()
 		if err != nil {

@@ -190,6 +190,9 @@ func (c *conn) upstreamReadFailed(err error) error {
 	if c.isClosed() {
 		return nil
 	}
+	if errors.Is(err, errParked) {
+		return err // transaction mode: the session parks (park.go)
+	}
 	if errors.Is(err, errMessageTooLarge) {
 		c.tellClient(sqlstate.ProgramLimitExceeded, "the server sent a message larger than the proxy's limit: "+err.Error())
 		return err

@@ -32,16 +32,15 @@ const refusalHint = "Use a database or user whose pool-mode is session for this.
 
 // refusedInTransactionMode returns the ErrorResponse that refuses sql, nil when sql can
 // run in transaction mode.
-func refusedInTransactionMode(sql string) []byte {
-	if containsFold(sql, "pg_advisory_lock") || containsFold(sql, "pg_try_advisory_lock") {
+func refusedInTransactionMode[T string | []byte](sql T) []byte {
+	lock, other := refusalWords(sql)
+	if lock {
 		return refusedMessage("session-level advisory locks")
 	}
-	if !containsFold(sql, "listen") && !containsFold(sql, "prepare") &&
-		!containsFold(sql, "hold") && !containsFold(sql, "temp") &&
-		!containsFold(sql, "authorization") {
+	if !other {
 		return nil
 	}
-	tree, err := pg_query.Parse(sql)
+	tree, err := pg_query.Parse(string(sql))
 	if err != nil {
 		return nil // the server reports the syntax error
 	}
@@ -92,6 +91,47 @@ func (p *physConn) sessionUserChanged() bool {
 	}
 	return false
 }
+
+// refusalWords looks through sql once, in any case, for the names of the session-level
+// advisory lock functions (lock) and for LISTEN, PREPARE, HOLD, TEMP and AUTHORIZATION (other), which
+// make the statement worth parsing.
+func refusalWords[T string | []byte](sql T) (lock, other bool) {
+	for i := 0; i < len(sql); i++ {
+		var words []string
+		switch sql[i] | ('a' - 'A') {
+		case 'p':
+			words = pWords
+		case 'l':
+			words = lWords
+		case 'h':
+			words = hWords
+		case 't':
+			words = tWords
+		case 'a':
+			words = aWords
+		default:
+			continue
+		}
+		for _, w := range words {
+			if len(sql)-i >= len(w) && strings.EqualFold(string(sql[i:i+len(w)]), w) {
+				if w[0] == 'p' && w[1] == 'g' {
+					return true, other
+				}
+				other = true
+			}
+		}
+	}
+	return false, other
+}
+
+// The words of refusalWords by their first letter; lock function names start with pg.
+var (
+	pWords = []string{"pg_advisory_lock", "pg_try_advisory_lock", "prepare"}
+	lWords = []string{"listen"}
+	hWords = []string{"hold"}
+	tWords = []string{"temp"}
+	aWords = []string{"authorization"}
+)
 
 func refusedMessage(what string) []byte {
 	return errorMessage(sqlstate.FeatureNotSupported, what+" cannot be used in transaction pool mode", refusalHint)

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unique"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
@@ -127,8 +128,13 @@ type pooledConn struct {
 	writers  int  // Writes in progress
 	release  bool // give pc back once writers is 0
 	closed   bool
-	queries  int                     // cycles of the borrower, for the pool's figures
-	stopWait context.CancelCauseFunc // ends the wait for a server connection in progress
+	queries  int // cycles of the borrower, for the pool's figures
+	// waitCtx is the context of the waits for a server connection, kept from one wait to
+	// the next until a cancel request ends it (stopWait) or the session parks; inWait:
+	// a wait is in progress.
+	waitCtx  context.Context
+	stopWait context.CancelCauseFunc
+	inWait   bool
 
 	// Protocol state of the borrowed connection.
 	queue       []expect
@@ -149,18 +155,26 @@ type pooledConn struct {
 	customSQL string
 	// localDealloc is the DEALLOCATE of an extended-protocol cycle the proxy answers.
 	localDealloc *deallocation
+	// paramsKey stands for params, interned (see settingsKey); keyOK: it is up to date.
+	paramsKey unique.Handle[string]
+	keyOK     bool
 
-	// Write side: a partial message, and the error that fails the cycle being discarded.
+	// Write side: a partial message, and the error that fails the cycle being discarded;
+	// obuf is the output buffer of Write, used by the writer only.
 	wbuf       []byte
+	obuf       []byte
 	discarding []byte // ErrorResponse to answer at the Sync; nil when not discarding
 
 	// Read side: bytes ready for the caller, answers of the proxy's own, and the rest of
 	// a large message streamed from pc.
 	rout    []byte
+	roff    int // bytes of rout already read; 0 when rout is empty
 	synth   []byte
 	rstream int       // touched by the reader only
 	rpc     *physConn // the connection rstream belongs to; reader only
 	rbuf    []byte    // the message being read; reader only
+
+	park parkState
 }
 
 func newPooledConn(c *conn, key pool.Key) *pooledConn {
@@ -176,19 +190,30 @@ func (v *pooledConn) acquire() (*pool.Server[*physConn], error) {
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithCancelCause(v.c.ctx)
-	defer cancel(nil)
 	v.mu.Lock()
-	v.stopWait = cancel
+	if v.waitCtx == nil || v.waitCtx.Err() != nil {
+		v.waitCtx, v.stopWait = context.WithCancelCause(v.c.ctx)
+	}
+	ctx := v.waitCtx
+	v.inWait = true
 	v.mu.Unlock()
 	srv, err := p.Acquire(ctx, v.key)
 	v.mu.Lock()
-	v.stopWait = nil
+	v.inWait = false
 	v.mu.Unlock()
 	if err != nil && errors.Is(context.Cause(ctx), errWaitCancelled) {
 		return nil, errWaitCancelled
 	}
 	return srv, err
+}
+
+// dropWaitContext lets go of the context of the waits for a server connection; v.mu is
+// held.
+func (v *pooledConn) dropWaitContext() {
+	if v.stopWait != nil && !v.inWait {
+		v.stopWait(nil)
+		v.waitCtx, v.stopWait = nil, nil
+	}
 }
 
 // errWaitCancelled ends a wait for a server connection that the client cancelled.
@@ -235,28 +260,42 @@ func (v *pooledConn) Write(p []byte) (int, error) {
 		return 0, net.ErrClosed
 	}
 	v.writers++
-	v.mu.Unlock()
 	defer v.endWrite()
 
-	v.wbuf = append(v.wbuf, p...)
-	var out []byte
+	// Whole messages are handled where they are: in p, or in wbuf once a partial one
+	// has been completed there.
+	in := p
+	if len(v.wbuf) > 0 {
+		v.wbuf = append(v.wbuf, p...)
+		in = v.wbuf
+	}
+	out := v.obuf[:0]
 	var pc *physConn
 	done := 0
-	for len(v.wbuf)-done >= 5 {
-		n := int(binary.BigEndian.Uint32(v.wbuf[done+1:])) + 1
-		if n < 5 || len(v.wbuf)-done < n {
+	for len(in)-done >= 5 {
+		n := int(binary.BigEndian.Uint32(in[done+1:])) + 1
+		if n < 5 || len(in)-done < n {
 			break
 		}
 		var err error
-		out, pc, err = v.clientMessage(out, pc, v.wbuf[done:done+n])
+		out, pc, err = v.clientMessage(out, pc, in[done:done+n])
 		if err != nil {
+			v.mu.Unlock()
 			return 0, err
 		}
 		done += n
 	}
-	v.wbuf = v.wbuf[:copy(v.wbuf, v.wbuf[done:])]
+	if len(v.wbuf) > 0 {
+		v.wbuf = v.wbuf[:copy(v.wbuf, v.wbuf[done:])]
+	} else {
+		v.wbuf = append(v.wbuf, p[done:]...)
+	}
 	if len(v.wbuf) == 0 && cap(v.wbuf) > keepBufferSize {
 		v.wbuf = nil
+	}
+	v.mu.Unlock()
+	if cap(out) <= keepBufferSize {
+		v.obuf = out[:0]
 	}
 	if len(out) > 0 {
 		if _, err := pc.nc.Write(out); err != nil {
@@ -277,11 +316,10 @@ func (v *pooledConn) endWrite() {
 
 // clientMessage handles one whole message of the session, appending what pc must get to
 // out. Messages for one Write all go to one connection: one is borrowed only when none
-// is held, and none is given back while a Write is in progress.
+// is held, and none is given back while a Write is in progress. Called with mu held; it
+// lets go of it while it waits for a connection.
 func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte, *physConn, error) {
 	typ, body := msg[0], msg[5:]
-	v.mu.Lock()
-	defer v.mu.Unlock()
 	if typ == clientTerminate {
 		return out, pc, nil // a pooled connection outlives its borrowers
 	}
@@ -481,11 +519,15 @@ func (v *pooledConn) bind(out, msg []byte) []byte {
 func (v *pooledConn) Read(p []byte) (int, error) {
 	v.mu.Lock()
 	for {
-		if len(v.rout) > 0 {
-			n := copy(p, v.rout)
-			v.rout = v.rout[n:]
-			if len(v.rout) == 0 {
-				v.rout = v.rout[:0]
+		if v.roff < len(v.rout) {
+			n := copy(p, v.rout[v.roff:])
+			v.roff += n
+			if v.roff == len(v.rout) {
+				// Drained: the buffer is reused from its start.
+				v.rout, v.roff = v.rout[:0], 0
+				if cap(v.rout) > keepBufferSize {
+					v.rout = nil
+				}
 			}
 			v.mu.Unlock()
 			return n, nil
@@ -499,7 +541,13 @@ func (v *pooledConn) Read(p []byte) (int, error) {
 			continue
 		}
 		if v.pc == nil || !v.readerOn {
+			if v.park.parking {
+				v.mu.Unlock()
+				return 0, errParked
+			}
+			v.park.waiting = true
 			v.cond.Wait()
+			v.park.waiting = false
 			continue
 		}
 		pc := v.pc
@@ -594,8 +642,10 @@ func (v *pooledConn) serverMessage(msg []byte) {
 		if name, value, ok := splitParameterStatus(body); ok {
 			lname := strings.ToLower(name)
 			pc.params[lname] = value
-			if !notCarried[lname] {
+			pc.applied = false
+			if !notCarried[lname] && v.params[lname] != value {
 				v.params[lname] = value
+				v.keyOK = false
 			}
 		}
 		v.rout = append(v.rout, msg...)
@@ -702,8 +752,8 @@ func (v *pooledConn) serverMessage(msg []byte) {
 // answers, is given back broken and closed; an idle one goes back to the pool.
 func (v *pooledConn) Close() error {
 	v.mu.Lock()
-	defer v.mu.Unlock()
 	if v.closed {
+		v.mu.Unlock()
 		return nil
 	}
 	v.closed = true
@@ -715,6 +765,11 @@ func (v *pooledConn) Close() error {
 		}
 	}
 	v.cond.Broadcast()
+	lot := v.park.lot
+	v.mu.Unlock()
+	if lot != nil {
+		lot.leave(v)
+	}
 	return nil
 }
 
@@ -723,7 +778,7 @@ func (v *pooledConn) Close() error {
 func (v *pooledConn) cancelTarget() ([]byte, string) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if v.stopWait != nil {
+	if v.inWait && v.stopWait != nil {
 		v.stopWait(errWaitCancelled)
 	}
 	if v.pc == nil {
@@ -778,7 +833,15 @@ func appendMessage(b []byte, typ byte, parts ...[]byte) []byte {
 	return b
 }
 
-// cString returns the text up to the first zero byte of b.
+// zbytes returns b up to its first zero byte.
+func zbytes(b []byte) []byte {
+	if i := indexZero(b); i >= 0 {
+		return b[:i]
+	}
+	return b
+}
+
+// zstring returns the text up to the first zero byte of b.
 func zstring(b []byte) string {
 	if i := indexZero(b); i >= 0 {
 		return string(b[:i])

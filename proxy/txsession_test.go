@@ -24,12 +24,13 @@ func inTransactionMode(s *Server) {
 	s.Pooling = pool.Settings{Limits: pool.Limits{PoolSize: txPoolSize, QueryWaitTimeout: 60 * time.Second}}
 }
 
-// backends counts the server connections of a database other than the observer's own.
+// backends counts the server connections of a database other than the observer's own;
+// an autovacuum worker busy with the database is not one.
 func backends(t testing.TB, observer *pgx.Conn, database string) int {
 	t.Helper()
 	var n int
 	err := observer.QueryRow(context.Background(),
-		"SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()", database).Scan(&n)
+		"SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid() AND backend_type = 'client backend'", database).Scan(&n)
 	if err != nil {
 		t.Fatal(err)
 	}

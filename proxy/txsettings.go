@@ -2,7 +2,9 @@ package proxy
 
 import (
 	"encoding/binary"
+	"slices"
 	"strings"
+	"unique"
 
 	"github.com/leafproxy/leafproxy/proxy/pool"
 )
@@ -14,6 +16,11 @@ import (
 // they are already there.
 func (v *pooledConn) applySettings(out []byte) []byte {
 	pc := v.pc
+	key := v.settingsKey()
+	if pc.applied && pc.appliedKey == key {
+		return out // brought to these very settings before, by this client or another
+	}
+	pc.applied, pc.appliedKey = true, key
 	var sets, resets []string
 	for name, want := range v.params {
 		if have, ok := pc.params[name]; !ok || have != want {
@@ -21,10 +28,14 @@ func (v *pooledConn) applySettings(out []byte) []byte {
 			pc.params[name] = want
 		}
 	}
-	for name := range pc.params {
-		if _, ok := v.params[name]; !ok && !pc.reported[name] {
-			resets = append(resets, "RESET "+quoteIdent(name))
-			delete(pc.params, name)
+	// pc.params holds every reported name; only when it holds more can a setting of an
+	// earlier borrower need a RESET.
+	if len(pc.params) > len(pc.reported) {
+		for name := range pc.params {
+			if _, ok := v.params[name]; !ok && !pc.reported[name] {
+				resets = append(resets, "RESET "+quoteIdent(name))
+				delete(pc.params, name)
+			}
 		}
 	}
 	if len(sets) == 0 && len(resets) == 0 {
@@ -41,6 +52,28 @@ func (v *pooledConn) applySettings(out []byte) []byte {
 	v.outstanding++
 	pc.unnamed = nil
 	return appendQuery(out, sql.String())
+}
+
+// settingsKey returns the client's settings as an interned text, equal for clients with
+// equal settings, so that applySettings can tell at once a connection that already has
+// them.
+func (v *pooledConn) settingsKey() unique.Handle[string] {
+	if !v.keyOK {
+		names := make([]string, 0, len(v.params))
+		for name := range v.params {
+			names = append(names, name)
+		}
+		slices.Sort(names)
+		var b strings.Builder
+		for _, name := range names {
+			b.WriteString(name)
+			b.WriteByte(0)
+			b.WriteString(v.params[name])
+			b.WriteByte(0)
+		}
+		v.paramsKey, v.keyOK = unique.Make(b.String()), true
+	}
+	return v.paramsKey
 }
 
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
@@ -87,6 +120,7 @@ func (v *pooledConn) captured(row []byte) {
 	v.captureNames = append(v.captureNames, name)
 	v.params[name] = cols[1]
 	v.pc.params[name] = cols[1]
+	v.keyOK, v.pc.applied = false, false
 }
 
 // endCapture forgets the settings the client no longer has (RESET, DISCARD ALL).
@@ -99,6 +133,7 @@ func (v *pooledConn) endCapture() {
 		if !keep[name] && !v.pc.reported[name] {
 			delete(v.params, name)
 			delete(v.pc.params, name)
+			v.keyOK, v.pc.applied = false, false
 		}
 	}
 	v.captureNames = v.captureNames[:0]

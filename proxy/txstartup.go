@@ -16,7 +16,7 @@ import (
 // servePooled runs a session in transaction mode after its startup packet: the proxy
 // answers the startup itself, with the ParameterStatus values of a server connection of
 // the pool, and a cancel key of its own.
-func (c *conn) servePooled(packet []byte) {
+func (c *conn) servePooled(packet []byte) (parked bool) {
 	s := c.srv
 	params := startupParams(packet)
 	user := params["user"]
@@ -111,7 +111,7 @@ func (c *conn) servePooled(packet []byte) {
 	sc.txStatus.Store(txIdle)
 	_ = c.client.SetDeadline(noDeadline)
 	c.log.Debug("session started in transaction mode")
-	c.relay()
+	return c.relayPooled(v)
 }
 
 // parseOptions returns the settings of a startup packet's options: -c name=value and

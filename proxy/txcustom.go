@@ -23,17 +23,19 @@ func (v *pooledConn) checkParse(query string) []byte {
 	if r := refusedInTransactionMode(query); r != nil {
 		return r
 	}
-	v.noteCustomSettings(query)
+	if _, setConfig, set := localWords(query); setConfig || set {
+		v.noteCustomSettings(query, setConfig, set)
+	}
 	return nil
 }
 
-// noteCustomSettings notes the names of the custom settings the SET statements of sql
-// change. Called with mu held.
-func (v *pooledConn) noteCustomSettings(sql string) {
-	if containsFold(sql, "set_config") {
+// noteCustomSettings notes the names of the custom settings the SET statements and the
+// set_config calls of sql change, as localWords found them likely. Called with mu held.
+func (v *pooledConn) noteCustomSettings(sql string, setConfig, set bool) {
+	if setConfig {
 		v.noteSetConfig(sql)
 	}
-	if !maySetCustom(sql) {
+	if !set {
 		return
 	}
 	tree, err := pg_query.Parse(sql)
@@ -102,37 +104,66 @@ func (v *pooledConn) noteSetConfig(sql string) {
 	}
 }
 
-// maySetCustom is the cheap test before noteCustomSettings parses: sql has the word SET
-// (or RESET), maybe followed by SESSION or LOCAL, then a name with a dot.
+// localWords is the one pass over the text of a Query or Parse that tells whether
+// transaction mode must look closer: it may be a DEALLOCATE (dealloc), call set_config
+// (setConfig), or SET a custom setting (set: the word SET or RESET, maybe followed by
+// SESSION or LOCAL, then a name with a dot).
+func localWords[T string | []byte](sql T) (dealloc, setConfig, set bool) {
+	for i := 0; i < len(sql); i++ {
+		switch sql[i] | ('a' - 'A') {
+		case 'd':
+			if hasWordAt(sql, i, "deallocate") {
+				dealloc = true
+			}
+		case 's':
+			if hasWordAt(sql, i, "set_config") {
+				setConfig = true
+			} else if !set && customSetAt(sql, i) {
+				set = true
+			}
+		}
+	}
+	return dealloc, setConfig, set
+}
+
+// maySetCustom reports the set of localWords.
 func maySetCustom(sql string) bool {
-	for i := 0; i+3 <= len(sql); i++ {
-		if sql[i]|('a'-'A') != 's' || !strings.EqualFold(sql[i:i+3], "set") {
+	_, _, set := localWords(sql)
+	return set
+}
+
+func hasWordAt[T string | []byte](sql T, i int, w string) bool {
+	return len(sql)-i >= len(w) && strings.EqualFold(string(sql[i:i+len(w)]), w)
+}
+
+// customSetAt reports whether a SET (or RESET) of a name with a dot is at sql[i:].
+func customSetAt[T string | []byte](sql T, i int) bool {
+	if !hasWordAt(sql, i, "set") {
+		return false
+	}
+	start := i
+	if start >= 2 && hasWordAt(sql, start-2, "re") {
+		start -= 2 // RESET
+	}
+	if start > 0 && identByte(sql[start-1]) {
+		return false
+	}
+	j := i + 3
+	for range 2 {
+		k := skipSpace(sql, j)
+		if k == j {
+			break // SET must be followed by a space
+		}
+		j = k
+		if w := wordLen(sql, j); w > 0 && (hasWordAt(sql, j, "session") && w == 7 || hasWordAt(sql, j, "local") && w == 5) {
+			j += w
 			continue
 		}
-		start := i
-		if start >= 2 && strings.EqualFold(sql[start-2:start], "re") {
-			start -= 2 // RESET
-		}
-		if start > 0 && identByte(sql[start-1]) {
-			continue
-		}
-		j := i + 3
-		for word := 0; word < 2; word++ {
-			k := skipSpace(sql, j)
-			if k == j {
-				break // SET must be followed by a space
-			}
-			j = k
-			if w := nextWord(sql, j); strings.EqualFold(w, "session") || strings.EqualFold(w, "local") {
-				j += len(w)
-				continue
-			}
-			break
-		}
-		for ; j < len(sql) && (identByte(sql[j]) || sql[j] == '"' || sql[j] == '.'); j++ {
-			if sql[j] == '.' {
-				return true
-			}
+		break
+	}
+	for ; j < len(sql) && (identByte(sql[j]) || sql[j] == '"' || sql[j] == '.'); j++ {
+		if sql[j] == '.' {
+			return true
 		}
 	}
 	return false
@@ -142,19 +173,19 @@ func identByte(c byte) bool {
 	return c == '_' || c == '$' || c >= '0' && c <= '9' || c|('a'-'A') >= 'a' && c|('a'-'A') <= 'z' || c >= 0x80
 }
 
-func skipSpace(s string, i int) int {
+func skipSpace[T string | []byte](s T, i int) int {
 	for i < len(s) && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r' || s[i] == '\f') {
 		i++
 	}
 	return i
 }
 
-func nextWord(s string, i int) string {
+func wordLen[T string | []byte](s T, i int) int {
 	j := i
 	for j < len(s) && identByte(s[j]) {
 		j++
 	}
-	return s[i:j]
+	return j - i
 }
 
 // captureQuery returns captureSQL, and the custom settings the client set.

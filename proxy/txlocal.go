@@ -57,15 +57,18 @@ type queryVerdict struct {
 // checkQuery looks at the text of a Query, and notes the custom settings it sets (see
 // txcustom.go). Called with mu held.
 func (v *pooledConn) checkQuery(body []byte) queryVerdict {
-	sql := zstring(body)
+	sql := zbytes(body)
 	if r := refusedInTransactionMode(sql); r != nil {
 		return queryVerdict{refusal: r}
 	}
-	v.noteCustomSettings(sql)
-	if !containsFold(sql, "deallocate") {
+	dealloc, setConfig, set := localWords(sql)
+	if setConfig || set {
+		v.noteCustomSettings(string(sql), setConfig, set)
+	}
+	if !dealloc {
 		return queryVerdict{}
 	}
-	d, mixed := deallocateIn(sql)
+	d, mixed := deallocateIn(string(sql))
 	if mixed {
 		return queryVerdict{refusal: errorMessage(sqlstate.FeatureNotSupported,
 			"DEALLOCATE cannot be used together with other statements in one query string in transaction pool mode",
@@ -122,7 +125,7 @@ func (v *pooledConn) answerIdle(typ byte, body []byte, verdict queryVerdict) boo
 		query := zstring(body[len(name)+1:])
 		r := v.checkParse(query)
 		if r == nil {
-			if name != "" || !containsFold(query, "deallocate") {
+			if dealloc, _, _ := localWords(query); name != "" || !dealloc {
 				return false
 			}
 			d, _ := deallocateIn(query)

@@ -93,8 +93,8 @@ func (p *physConn) sessionUserChanged() bool {
 }
 
 // refusalWords looks through sql once, in any case, for the names of the session-level
-// advisory lock functions (lock) and for LISTEN, PREPARE, HOLD, TEMP and AUTHORIZATION (other), which
-// make the statement worth parsing.
+// advisory lock functions (lock) and for LISTEN, PREPARE, HOLD, TEMP and AUTHORIZATION
+// (other), which make the statement worth parsing.
 func refusalWords[T string | []byte](sql T) (lock, other bool) {
 	for i := 0; i < len(sql); i++ {
 		var words []string

@@ -127,6 +127,9 @@
 //   - txsettings.go: the client's settings carried from connection to connection.
 //   - txstartup.go: the startup of a session in transaction mode (servePooled).
 //   - txrefusal.go: what transaction mode refuses with 0A000.
+//   - txlocal.go: what transaction mode answers without the database: refusals outside a
+//     transaction, SQL-level DEALLOCATE.
+//   - txcustom.go: custom settings (SET app.x), whose names pg_settings does not list.
 //   - park.go, park_linux.go: parking idle sessions: their goroutines end and their
 //     buffers are given back, and the parking lot's epoll set watches their client
 //     sockets until they are readable.

@@ -16,7 +16,11 @@ import (
 // Refused: LISTEN, SQL-level PREPARE, DECLARE … WITH HOLD, CREATE TEMP (tables, views,
 // sequences, CREATE TABLE AS and SELECT INTO), and the session-level advisory lock
 // functions (pg_advisory_lock, pg_advisory_lock_shared, pg_try_advisory_lock,
-// pg_try_advisory_lock_shared; the _xact_ ones are fine). A lock function is found by
+// pg_try_advisory_lock_shared; the _xact_ ones are fine), and SET or RESET SESSION
+// AUTHORIZATION (and SET session_authorization): the session user is no setting the proxy
+// can carry or reset, and it would stay on the connection for the next client, whose
+// ParameterStatus would still name its own user. SET LOCAL SESSION AUTHORIZATION is
+// fine: it ends with the transaction, which keeps its connection till then. A lock function is found by
 // its name in the text, so a string literal that names one is refused too; one called
 // from a server-side function is not found.
 
@@ -64,13 +68,33 @@ func refusedStatement(stmt *pg_query.Node) string {
 		stmt.GetCreateSeqStmt() != nil && temp(stmt.GetCreateSeqStmt().GetSequence()),
 		stmt.GetSelectStmt() != nil && temp(stmt.GetSelectStmt().GetIntoClause().GetRel()):
 		return "temporary tables"
+	case stmt.GetVariableSetStmt() != nil && stmt.GetVariableSetStmt().GetName() == "session_authorization" &&
+		!stmt.GetVariableSetStmt().GetIsLocal():
+		return "SET or RESET SESSION AUTHORIZATION"
 	}
 	return ""
 }
 
+// sessionUserChanged reports whether the session user of p is no longer the one it
+// logged in as: SET SESSION AUTHORIZATION is refused, but set_config can change it too,
+// and the server reports it. Such a connection is reset (DISCARD ALL) before it is lent
+// again, lest the next client run as that user.
+func (p *physConn) sessionUserChanged() bool {
+	now, ok := p.params["session_authorization"]
+	if !ok {
+		return false
+	}
+	for _, pv := range p.login {
+		if strings.EqualFold(pv.name, "session_authorization") {
+			return pv.value != now
+		}
+	}
+	return false
+}
+
 // refusalWords looks through sql once, in any case, for the names of the session-level
-// advisory lock functions (lock) and for LISTEN, PREPARE, HOLD and TEMP (other), which
-// make the statement worth parsing.
+// advisory lock functions (lock) and for LISTEN, PREPARE, HOLD, TEMP and AUTHORIZATION
+// (other), which make the statement worth parsing.
 func refusalWords[T string | []byte](sql T) (lock, other bool) {
 	for i := 0; i < len(sql); i++ {
 		var words []string
@@ -83,6 +107,8 @@ func refusalWords[T string | []byte](sql T) (lock, other bool) {
 			words = hWords
 		case 't':
 			words = tWords
+		case 'a':
+			words = aWords
 		default:
 			continue
 		}
@@ -104,6 +130,7 @@ var (
 	lWords = []string{"listen"}
 	hWords = []string{"hold"}
 	tWords = []string{"temp"}
+	aWords = []string{"authorization"}
 )
 
 func refusedMessage(what string) []byte {

@@ -41,7 +41,8 @@ import (
 //     ParseComplete the client never sees. The unnamed statement is carried the same
 //     way from one cycle to the next. A client's Close of a named statement is answered
 //     through a Close of a portal that does not exist, which the server acknowledges in
-//     order, so that the statement stays prepared for whoever else uses it.
+//     order, so that the statement stays prepared for whoever else uses it; a SQL-level
+//     DEALLOCATE is answered by the proxy (see txlocal.go).
 //   - Settings: the client's values of the settings the server reports (ParameterStatus)
 //     and of those it SET itself are applied, with set_config, on each server connection
 //     it borrows where they differ; what a client SET is read back from pg_settings when
@@ -49,7 +50,8 @@ import (
 //     settings the server does not report follow the client too.
 //   - Refusals: what cannot follow a client from one server connection to the next
 //     (session advisory locks, LISTEN, temporary tables, cursors WITH HOLD, SQL-level
-//     PREPARE) is refused with 0A000 (see txrefusal.go).
+//     PREPARE, SET SESSION AUTHORIZATION) is refused with 0A000 (see txrefusal.go),
+//     without a server connection when the session holds none (see txlocal.go).
 //   - Failures: a wait for a connection that times out, or a server that cannot be
 //     reached, fails the cycle with the pool's SQLSTATE (57014, 08001) and the session
 //     goes on; a connection lost while borrowed ends this session only (08006), and the
@@ -60,7 +62,7 @@ import (
 var notCarried = map[string]bool{
 	"server_version": true, "server_encoding": true, "is_superuser": true,
 	"session_authorization": true, "integer_datetimes": true, "in_hot_standby": true,
-	"default_transaction_read_only": true, "scram_iterations": true,
+	"scram_iterations": true,
 }
 
 // captureSQL reads back the settings a client changed with SET (or RESET) once its
@@ -106,6 +108,8 @@ type expect struct {
 	refusal []byte
 	// capture: the injected query is captureSQL.
 	capture bool
+	// dealloc: the empty Query in the place of a DEALLOCATE (see txlocal.go).
+	dealloc *deallocation
 }
 
 // pooledConn is the server side of a session in transaction mode; see the top of the
@@ -145,6 +149,12 @@ type pooledConn struct {
 	stmts   map[string]*clientStmt
 	unnamed *clientStmt
 	params  map[string]string // lower-case name → the client's value
+	// custom holds the custom settings the client SET (see txcustom.go), customSQL the
+	// capture query that reads them back ("" until built).
+	custom    map[string]bool
+	customSQL string
+	// localDealloc is the DEALLOCATE of an extended-protocol cycle the proxy answers.
+	localDealloc *deallocation
 	// paramsKey stands for params, interned (see settingsKey); keyOK: it is up to date.
 	paramsKey unique.Handle[string]
 	keyOK     bool
@@ -224,6 +234,9 @@ func (v *pooledConn) giveBack(st pool.State) {
 	}
 	if st == pool.Clean {
 		v.srv.CountTransaction(v.queries)
+		if v.pc.sessionUserChanged() {
+			st = pool.NeedsReset
+		}
 	}
 	v.srv.Release(st)
 	v.srv, v.pc = nil, nil
@@ -319,6 +332,13 @@ func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte
 		}
 		return out, pc, nil
 	}
+	var verdict queryVerdict
+	if typ == clientQuery {
+		verdict = v.checkQuery(body)
+	}
+	if v.pc == nil && v.answerIdle(typ, body, verdict) {
+		return out, pc, nil
+	}
 	if v.pc == nil {
 		switch typ {
 		case clientSync: // an empty cycle: nothing to ask a server
@@ -358,11 +378,18 @@ func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte
 	}
 	switch typ {
 	case clientQuery:
+		if verdict.dealloc != nil && !v.unsynced {
+			var r []byte
+			if out, r = v.deallocateInTransaction(out, verdict.dealloc); r == nil {
+				return out, pc, nil
+			}
+			verdict.refusal = r
+		}
 		v.outstanding++
 		v.queries++
 		pc.unnamed = nil // a Query replaces the unnamed statement
 		e := expect{kind: expQuery}
-		if r := refusedInTransactionMode(zbytes(body)); r != nil {
+		if r := verdict.refusal; r != nil {
 			e.refusal = r
 			v.queue = append(v.queue, e)
 			return appendQuery(out, standInSQL), pc, nil
@@ -420,7 +447,7 @@ func (v *pooledConn) parse(out, msg []byte) []byte {
 	name := zstring(body)
 	rest := body[len(name)+1:]
 	query := zstring(rest)
-	r := refusedInTransactionMode(query)
+	r := v.checkParse(query)
 	if r == nil && name != "" && v.stmts[name] != nil {
 		r = errorMessage(sqlstate.DuplicatePreparedStatement, fmt.Sprintf("prepared statement %q already exists", name), "")
 	}
@@ -660,6 +687,10 @@ func (v *pooledConn) serverMessage(msg []byte) {
 			if front.kind == expInjectedClose {
 				return
 			}
+		}
+	case serverEmptyQueryResponse:
+		if front != nil && front.dealloc != nil {
+			msg = v.deallocate(front.dealloc, v.txStatus)
 		}
 	case serverErrorResponse:
 		if front != nil && front.refusal != nil {

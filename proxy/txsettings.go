@@ -94,7 +94,7 @@ func (v *pooledConn) afterReady(body []byte) {
 		v.pc.unnamed = nil
 		v.queue = append(v.queue, expect{kind: expInjectedQuery, capture: true})
 		v.outstanding++
-		if _, err := v.pc.nc.Write(appendQuery(nil, captureSQL)); err != nil {
+		if _, err := v.pc.nc.Write(appendQuery(nil, v.captureQuery())); err != nil {
 			v.giveBack(pool.Broken)
 		}
 		return

@@ -42,6 +42,13 @@ const (
 	InFailedSQLTransaction = "25P02"
 )
 
+// Class 26: invalid SQL statement name.
+const (
+	// InvalidSQLStatementName is invalid_sql_statement_name: no prepared statement of
+	// that name.
+	InvalidSQLStatementName = "26000"
+)
+
 // Class 28: invalid authorization specification.
 const (
 	// InvalidAuthorizationSpecification is invalid_authorization_specification.

@@ -223,7 +223,7 @@ func (s *Server) routedLimits(k pool.Key) pool.Limits {
 		return l
 	}
 	if u, ok := table.users[k.User]; ok {
-		overrideLimits(&l, u.Pool)
+		l = l.Override(u.Pool)
 	}
 	return l
 }
@@ -233,25 +233,6 @@ func (s *Server) routedLimits(k pool.Key) pool.Limits {
 func (s *Server) routedMaxDB(database string) int {
 	rt, _ := s.routing.table.Load().routeOfPool(database, s.Upstream)
 	return rt.MaxDBConnections
-}
-
-// overrideLimits sets the non-zero fields of o in l.
-func overrideLimits(l *pool.Limits, o pool.Limits) {
-	if o.PoolSize != 0 {
-		l.PoolSize = o.PoolSize
-	}
-	if o.MinPoolSize != 0 {
-		l.MinPoolSize = o.MinPoolSize
-	}
-	if o.ServerIdleTimeout != 0 {
-		l.ServerIdleTimeout = o.ServerIdleTimeout
-	}
-	if o.ServerLifetime != 0 {
-		l.ServerLifetime = o.ServerLifetime
-	}
-	if o.QueryWaitTimeout != 0 {
-		l.QueryWaitTimeout = o.QueryWaitTimeout
-	}
 }
 
 // withDatabase returns a copy of a StartupMessage packet whose database parameter is

@@ -45,6 +45,27 @@ type Limits struct {
 	QueryWaitTimeout time.Duration
 }
 
+// Override returns l with the fields that o sets: sizes above zero, durations other than
+// zero (a negative ServerLifetime means never).
+func (l Limits) Override(o Limits) Limits {
+	if o.PoolSize > 0 {
+		l.PoolSize = o.PoolSize
+	}
+	if o.MinPoolSize > 0 {
+		l.MinPoolSize = o.MinPoolSize
+	}
+	if o.ServerIdleTimeout != 0 {
+		l.ServerIdleTimeout = o.ServerIdleTimeout
+	}
+	if o.ServerLifetime != 0 {
+		l.ServerLifetime = o.ServerLifetime
+	}
+	if o.QueryWaitTimeout != 0 {
+		l.QueryWaitTimeout = o.QueryWaitTimeout
+	}
+	return l
+}
+
 // Settings configure a Pool. Zero values mean the defaults above.
 type Settings struct {
 	// Limits apply to every key that PerKey does not override.
@@ -118,22 +139,7 @@ func (s Settings) validate() (Settings, error) {
 func (s *Settings) limitsFor(k Key) Limits {
 	l := s.Limits
 	if s.PerKey != nil {
-		o := s.PerKey(k)
-		if o.PoolSize > 0 {
-			l.PoolSize = o.PoolSize
-		}
-		if o.MinPoolSize > 0 {
-			l.MinPoolSize = o.MinPoolSize
-		}
-		if o.ServerIdleTimeout != 0 {
-			l.ServerIdleTimeout = o.ServerIdleTimeout
-		}
-		if o.ServerLifetime != 0 {
-			l.ServerLifetime = o.ServerLifetime
-		}
-		if o.QueryWaitTimeout != 0 {
-			l.QueryWaitTimeout = o.QueryWaitTimeout
-		}
+		l = l.Override(s.PerKey(k))
 	}
 	if l.MinPoolSize > l.PoolSize {
 		l.MinPoolSize = l.PoolSize

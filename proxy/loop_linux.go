@@ -200,19 +200,8 @@ type eventLoop struct {
 }
 
 func newEventLoop(g *loopGroup, slot int) (*eventLoop, error) {
-	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	epfd, wakefd, err := epollWithWakeup(unix.EpollEvent{Events: unix.EPOLLIN, Fd: 0, Pad: int32(wakeToken)})
 	if err != nil {
-		return nil, err
-	}
-	wakefd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
-	if err != nil {
-		unix.Close(epfd)
-		return nil, err
-	}
-	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: 0, Pad: int32(wakeToken)}
-	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, wakefd, &ev); err != nil {
-		unix.Close(epfd)
-		unix.Close(wakefd)
 		return nil, err
 	}
 	return &eventLoop{
@@ -221,6 +210,26 @@ func newEventLoop(g *loopGroup, slot int) (*eventLoop, error) {
 		timed: make(map[*loopSession]struct{}),
 		done:  make(chan struct{}),
 	}, nil
+}
+
+// epollWithWakeup creates an epoll set watching a new eventfd, registered with ev, that
+// other goroutines write to to wake whoever waits on the set.
+func epollWithWakeup(ev unix.EpollEvent) (epfd, wakefd int, err error) {
+	epfd, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return -1, -1, err
+	}
+	wakefd, err = unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		unix.Close(epfd)
+		return -1, -1, err
+	}
+	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, wakefd, &ev); err != nil {
+		unix.Close(epfd)
+		unix.Close(wakefd)
+		return -1, -1, err
+	}
+	return epfd, wakefd, nil
 }
 
 // post runs f on the loop's goroutine. Work posted to a stopped loop is dropped: a loop

@@ -69,19 +69,8 @@ func (l *parkLot) enter(v *pooledConn) bool {
 }
 
 func newLotRun() (*lotRun, error) {
-	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	epfd, wakefd, err := epollWithWakeup(unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(wakeToken)})
 	if err != nil {
-		return nil, err
-	}
-	wakefd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
-	if err != nil {
-		unix.Close(epfd)
-		return nil, err
-	}
-	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(wakeToken)}
-	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, wakefd, &ev); err != nil {
-		unix.Close(epfd)
-		unix.Close(wakefd)
 		return nil, err
 	}
 	return &lotRun{epfd: epfd, wakefd: wakefd}, nil

@@ -567,20 +567,6 @@ func TestTxPoolStatementNames(t *testing.T) {
 	}
 }
 
-func TestContainsFold(t *testing.T) {
-	for _, c := range []struct {
-		s, sub string
-		want   bool
-	}{
-		{"LISTEN x", "listen", true}, {"select 1", "listen", false}, {"x pg_Advisory_Lock(1)", "pg_advisory_lock", true},
-		{"lis", "listen", false}, {"", "temp", false}, {"CREATE TEMP TABLE", "temp", true},
-	} {
-		if got := containsFold(c.s, c.sub); got != c.want {
-			t.Errorf("containsFold(%q, %q) = %v", c.s, c.sub, got)
-		}
-	}
-}
-
 // TestTxPoolAuthAtProxy: with the proxy authenticating clients (SCRAM and md5 users whose
 // upstream logins need a password), the pool logs in with what the clients proved; a
 // wrong password gets 28P01 and never a pooled connection.

@@ -136,17 +136,3 @@ var (
 func refusedMessage(what string) []byte {
 	return errorMessage(sqlstate.FeatureNotSupported, what+" cannot be used in transaction pool mode", refusalHint)
 }
-
-// containsFold reports whether s contains the lower-case ASCII word sub in any case,
-// without allocating: it runs on every statement.
-func containsFold(s, sub string) bool {
-	first := sub[0]
-	for i := 0; i+len(sub) <= len(s); i++ {
-		if c := s[i]; c == first || c+('a'-'A') == first {
-			if strings.EqualFold(s[i:i+len(sub)], sub) {
-				return true
-			}
-		}
-	}
-	return false
-}

@@ -17,20 +17,8 @@ import (
 // maxCustomSettings bounds the custom setting names one client's session keeps.
 const maxCustomSettings = 64
 
-// checkParse returns the refusal of the text of a Parse, and notes the custom settings
-// it sets. Called with mu held.
-func (v *pooledConn) checkParse(query string) []byte {
-	if r := refusedInTransactionMode(query); r != nil {
-		return r
-	}
-	if _, setConfig, set := localWords(query); setConfig || set {
-		v.noteCustomSettings(query, setConfig, set)
-	}
-	return nil
-}
-
 // noteCustomSettings notes the names of the custom settings the SET statements and the
-// set_config calls of sql change, as localWords found them likely. Called with mu held.
+// set_config calls of sql change, as scanTxWords found them likely. Called with mu held.
 func (v *pooledConn) noteCustomSettings(sql string, setConfig, set bool) {
 	if setConfig {
 		v.noteSetConfig(sql)
@@ -102,34 +90,6 @@ func (v *pooledConn) noteSetConfig(sql string) {
 			}
 		}
 	}
-}
-
-// localWords is the one pass over the text of a Query or Parse that tells whether
-// transaction mode must look closer: it may be a DEALLOCATE (dealloc), call set_config
-// (setConfig), or SET a custom setting (set: the word SET or RESET, maybe followed by
-// SESSION or LOCAL, then a name with a dot).
-func localWords[T string | []byte](sql T) (dealloc, setConfig, set bool) {
-	for i := 0; i < len(sql); i++ {
-		switch sql[i] | ('a' - 'A') {
-		case 'd':
-			if hasWordAt(sql, i, "deallocate") {
-				dealloc = true
-			}
-		case 's':
-			if hasWordAt(sql, i, "set_config") {
-				setConfig = true
-			} else if !set && customSetAt(sql, i) {
-				set = true
-			}
-		}
-	}
-	return dealloc, setConfig, set
-}
-
-// maySetCustom reports the set of localWords.
-func maySetCustom(sql string) bool {
-	_, _, set := localWords(sql)
-	return set
 }
 
 func hasWordAt[T string | []byte](sql T, i int, w string) bool {

@@ -47,8 +47,8 @@ type deallocation struct {
 	all  bool
 }
 
-// queryVerdict is what transaction mode makes of a Query: the ErrorResponse refusing it,
-// or the DEALLOCATE the proxy answers itself, or neither.
+// queryVerdict is what transaction mode makes of a Query or a Parse: the ErrorResponse
+// refusing it, or the DEALLOCATE the proxy answers itself, or neither.
 type queryVerdict struct {
 	refusal []byte
 	dealloc *deallocation
@@ -58,15 +58,9 @@ type queryVerdict struct {
 // txcustom.go). Called with mu held.
 func (v *pooledConn) checkQuery(body []byte) queryVerdict {
 	sql := zbytes(body)
-	if r := refusedInTransactionMode(sql); r != nil {
-		return queryVerdict{refusal: r}
-	}
-	dealloc, setConfig, set := localWords(sql)
-	if setConfig || set {
-		v.noteCustomSettings(string(sql), setConfig, set)
-	}
-	if !dealloc {
-		return queryVerdict{}
+	verdict, w := v.checkText(sql)
+	if verdict.refusal != nil || !w.dealloc {
+		return verdict
 	}
 	d, mixed := deallocateIn(string(sql))
 	if mixed {
@@ -75,6 +69,33 @@ func (v *pooledConn) checkQuery(body []byte) queryVerdict {
 			"Send the DEALLOCATE as a query of its own.")}
 	}
 	return queryVerdict{dealloc: d}
+}
+
+// checkParse looks at the text of a Parse, like checkQuery; of a DEALLOCATE, only one
+// parsed as the unnamed statement is answered by the proxy. Called with mu held.
+func (v *pooledConn) checkParse(body []byte) queryVerdict {
+	name := zstring(body)
+	sql := zbytes(body[len(name)+1:])
+	verdict, w := v.checkText(sql)
+	if verdict.refusal != nil || !w.dealloc || name != "" {
+		return verdict
+	}
+	d, _ := deallocateIn(string(sql))
+	return queryVerdict{dealloc: d}
+}
+
+// checkText makes one pass over the text of a Query or a Parse (scanTxWords): it returns
+// the refusal, if any, and what the pass found; it notes the custom settings the text
+// sets. Called with mu held.
+func (v *pooledConn) checkText(sql []byte) (queryVerdict, txWords) {
+	w := scanTxWords(sql)
+	if r := refusedInTransactionMode(sql, w); r != nil {
+		return queryVerdict{refusal: r}, w
+	}
+	if w.setConfig || w.set {
+		v.noteCustomSettings(string(sql), w.setConfig, w.set)
+	}
+	return queryVerdict{}, w
 }
 
 // deallocateIn returns the DEALLOCATE that sql is, nil when it is none; mixed reports a
@@ -121,23 +142,17 @@ func (v *pooledConn) answerIdle(typ byte, body []byte, verdict queryVerdict) boo
 		}
 		v.synth = append(v.synth, serverReadyForQuery, 0, 0, 0, 5, txIdle)
 	case clientParse:
-		name := zstring(body)
-		query := zstring(body[len(name)+1:])
-		r := v.checkParse(query)
+		r := verdict.refusal
 		if r == nil {
-			if dealloc, _, _ := localWords(query); name != "" || !dealloc {
-				return false
-			}
-			d, _ := deallocateIn(query)
-			if d == nil {
+			if verdict.dealloc == nil {
 				return false
 			}
 			// A DEALLOCATE in the extended protocol: the proxy answers the cycle.
-			v.localDealloc, v.unnamed = d, nil
+			v.localDealloc, v.unnamed = verdict.dealloc, nil
 			v.synth = append(v.synth, serverParseComplete, 0, 0, 0, 4)
 			break
 		}
-		if name == "" {
+		if zstring(body) == "" {
 			v.unnamed = nil // the server drops it before it parses
 		}
 		v.synth = append(v.synth, r...)

@@ -289,7 +289,7 @@ func TestTxPoolCustomSettingsDoNotLeak(t *testing.T) {
 	}
 }
 
-func TestMaySetCustom(t *testing.T) {
+func TestTxWordsCustomSet(t *testing.T) {
 	for sql, want := range map[string]bool{
 		"SET app.tenant = 1":                     true,
 		"set  session\tmyapp.x TO 'a'":           true,
@@ -301,8 +301,8 @@ func TestMaySetCustom(t *testing.T) {
 		"SELECT offset.x FROM t":                 false,
 		"SELECT set_config('app.x', '1', false)": false,
 	} {
-		if got := maySetCustom(sql); got != want {
-			t.Errorf("maySetCustom(%q) = %v, want %v", sql, got, want)
+		if got := scanTxWords(sql).set; got != want {
+			t.Errorf("scanTxWords(%q).set = %v, want %v", sql, got, want)
 		}
 	}
 }

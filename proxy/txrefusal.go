@@ -32,12 +32,11 @@ const refusalHint = "Use a database or user whose pool-mode is session for this.
 
 // refusedInTransactionMode returns the ErrorResponse that refuses sql, nil when sql can
 // run in transaction mode.
-func refusedInTransactionMode[T string | []byte](sql T) []byte {
-	lock, other := refusalWords(sql)
-	if lock {
+func refusedInTransactionMode[T string | []byte](sql T, w txWords) []byte {
+	if w.lock {
 		return refusedMessage("session-level advisory locks")
 	}
-	if !other {
+	if !w.refusable {
 		return nil
 	}
 	tree, err := pg_query.Parse(string(sql))
@@ -92,10 +91,18 @@ func (p *physConn) sessionUserChanged() bool {
 	return false
 }
 
-// refusalWords looks through sql once, in any case, for the names of the session-level
-// advisory lock functions (lock) and for LISTEN, PREPARE, HOLD, TEMP and AUTHORIZATION
-// (other), which make the statement worth parsing.
-func refusalWords[T string | []byte](sql T) (lock, other bool) {
+// txWords is what one pass over the text of a Query or Parse found of the words
+// transaction mode looks for; each makes the statement worth a closer look.
+type txWords struct {
+	lock      bool // a session-level advisory lock function: refused without parsing
+	refusable bool // LISTEN, PREPARE, HOLD, TEMP or AUTHORIZATION: parsed, maybe refused
+	dealloc   bool // DEALLOCATE, which the proxy answers (txlocal.go)
+	setConfig bool // a set_config call (txcustom.go)
+	set       bool // SET or RESET, maybe SESSION or LOCAL, of a name with a dot (txcustom.go)
+}
+
+// scanTxWords looks through sql once, in any case, for the words of txWords.
+func scanTxWords[T string | []byte](sql T) (w txWords) {
 	for i := 0; i < len(sql); i++ {
 		var words []string
 		switch sql[i] | ('a' - 'A') {
@@ -109,22 +116,33 @@ func refusalWords[T string | []byte](sql T) (lock, other bool) {
 			words = tWords
 		case 'a':
 			words = aWords
+		case 'd':
+			w.dealloc = w.dealloc || hasWordAt(sql, i, "deallocate")
+			continue
+		case 's':
+			if hasWordAt(sql, i, "set_config") {
+				w.setConfig = true
+			} else if !w.set && customSetAt(sql, i) {
+				w.set = true
+			}
+			continue
 		default:
 			continue
 		}
-		for _, w := range words {
-			if len(sql)-i >= len(w) && strings.EqualFold(string(sql[i:i+len(w)]), w) {
-				if w[0] == 'p' && w[1] == 'g' {
-					return true, other
+		for _, word := range words {
+			if hasWordAt(sql, i, word) {
+				if word[0] == 'p' && word[1] == 'g' {
+					w.lock = true
+				} else {
+					w.refusable = true
 				}
-				other = true
 			}
 		}
 	}
-	return false, other
+	return w
 }
 
-// The words of refusalWords by their first letter; lock function names start with pg.
+// The words of scanTxWords by their first letter; lock function names start with pg.
 var (
 	pWords = []string{"pg_advisory_lock", "pg_try_advisory_lock", "prepare"}
 	lWords = []string{"listen"}

@@ -2,9 +2,9 @@ package proxy
 
 import "testing"
 
-// TestRefusalWords: one pass finds the lock functions wherever they are, in any case, and
+// TestTxWordsRefusal: one pass finds the lock functions wherever they are, in any case, and
 // the words that make a statement worth parsing; the same for text and bytes.
-func TestRefusalWords(t *testing.T) {
+func TestTxWordsRefusal(t *testing.T) {
 	for _, c := range []struct {
 		sql         string
 		lock, other bool
@@ -20,10 +20,9 @@ func TestRefusalWords(t *testing.T) {
 		{"pg_advisory_loc", false, false},
 		{"", false, false},
 	} {
-		lock, other := refusalWords(c.sql)
-		block, bother := refusalWords([]byte(c.sql))
-		if lock != c.lock || other != c.other || block != lock || bother != other {
-			t.Errorf("refusalWords(%q) = %v, %v (bytes %v, %v), want %v, %v", c.sql, lock, other, block, bother, c.lock, c.other)
+		w, bw := scanTxWords(c.sql), scanTxWords([]byte(c.sql))
+		if w.lock != c.lock || w.refusable != c.other || bw != w {
+			t.Errorf("scanTxWords(%q) = %+v (bytes %+v), want lock %v, refusable %v", c.sql, w, bw, c.lock, c.other)
 		}
 	}
 }

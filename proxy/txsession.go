@@ -333,8 +333,11 @@ func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte
 		return out, pc, nil
 	}
 	var verdict queryVerdict
-	if typ == clientQuery {
+	switch typ {
+	case clientQuery:
 		verdict = v.checkQuery(body)
+	case clientParse:
+		verdict = v.checkParse(body)
 	}
 	if v.pc == nil && v.answerIdle(typ, body, verdict) {
 		return out, pc, nil
@@ -406,7 +409,7 @@ func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte
 		v.queue = append(v.queue, expect{kind: expSync})
 	case clientParse:
 		v.unsynced = true
-		return v.parse(out, msg), pc, nil
+		return v.parse(out, msg, verdict.refusal), pc, nil
 	case clientBind:
 		v.unsynced = true
 		return v.bind(out, msg), pc, nil
@@ -441,13 +444,12 @@ func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte
 const noPortal = "leafproxy no portal"
 
 // parse handles a Parse: the statement is the client's, prepared at the server under its
-// server-side name.
-func (v *pooledConn) parse(out, msg []byte) []byte {
+// server-side name. refusal, when not nil, refuses it (see checkParse).
+func (v *pooledConn) parse(out, msg, refusal []byte) []byte {
 	body := msg[5:]
 	name := zstring(body)
 	rest := body[len(name)+1:]
-	query := zstring(rest)
-	r := v.checkParse(query)
+	r := refusal
 	if r == nil && name != "" && v.stmts[name] != nil {
 		r = errorMessage(sqlstate.DuplicatePreparedStatement, fmt.Sprintf("prepared statement %q already exists", name), "")
 	}

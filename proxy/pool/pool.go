@@ -183,6 +183,68 @@ func (p *Pool[C]) Acquire(ctx context.Context, key Key) (*Server[C], error) {
 	}
 }
 
+// AcquireFunc lends a server connection of key like Acquire, without blocking: a
+// connection that can be lent at once is returned; otherwise the caller joins the queue
+// and gets a Wait, and done is called later, exactly once, with the connection or with
+// the error Acquire would have returned (ErrWaitTimeout, ErrServerDown, ErrClosed). done
+// runs on whichever goroutine hands the connection over (a Release, a dial, a timer) with
+// the Pool's lock held: it must hand the result on (to an event loop, say) and return,
+// without calling the Pool. An event loop serves many sessions from one goroutine, which
+// must never wait for a connection.
+func (p *Pool[C]) AcquireFunc(key Key, done func(*Server[C], error)) (*Server[C], *Wait[C], error) {
+	for {
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			return nil, nil, closedError(key)
+		}
+		kp := p.keyPoolLocked(key)
+		kp.acquires++
+		if kp.waiters.n == 0 && len(kp.idle) > 0 {
+			s := kp.idle[len(kp.idle)-1]
+			kp.idle[len(kp.idle)-1] = nil
+			kp.idle = kp.idle[:len(kp.idle)-1]
+			p.lendLocked(s)
+			p.mu.Unlock()
+			if p.check != nil && p.check(s.conn) != nil {
+				s.Release(Broken)
+				continue
+			}
+			return s, nil, nil
+		}
+		now := p.clock.Now()
+		if now.Before(kp.retryAt) && kp.total == 0 {
+			err := serverDownError(key, kp.lastErr)
+			p.mu.Unlock()
+			return nil, nil, err
+		}
+		w := &waiter[C]{since: now, timeout: kp.lim.QueryWaitTimeout, notify: done}
+		kp.waiters.push(w)
+		if w.timeout > 0 {
+			p.armExpiryLocked(kp, w.since.Add(w.timeout))
+		}
+		p.serveLocked(kp.db)
+		p.mu.Unlock()
+		return nil, &Wait[C]{w: w, kp: kp}, nil
+	}
+}
+
+// CancelWait ends a wait of AcquireFunc, reporting true when it did: its done is then
+// never called. It reports false when done has been called or is being called; a
+// connection done gets must then be given back.
+func (p *Pool[C]) CancelWait(wt *Wait[C]) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	w := wt.w
+	if w.done {
+		return false
+	}
+	wt.kp.waiters.remove(w)
+	wt.kp.waitTime += p.clock.Now().Sub(w.since)
+	w.done = true
+	return true
+}
+
 // acquire lends a connection; fromIdle says it was taken from the idle list (rather than
 // handed over by a borrower or just dialled), so that it is worth a Check.
 func (p *Pool[C]) acquire(ctx context.Context, key Key) (s *Server[C], fromIdle bool, err error) {

@@ -8,7 +8,8 @@ type waiter[C any] struct {
 	prev, next *waiter[C]
 	since      time.Time
 	timeout    time.Duration // QueryWaitTimeout when the wait began; 0 for none
-	ready      chan struct{} // receives one value at finish
+	ready      chan struct{} // receives one value at finish; nil for a wait of AcquireFunc
+	notify     func(*Server[C], error) // AcquireFunc's done; nil for Acquire
 	done       bool
 	srv        *Server[C]
 	err        error
@@ -16,6 +17,10 @@ type waiter[C any] struct {
 
 func (w *waiter[C]) finish(s *Server[C], err error) {
 	w.done = true
+	if w.notify != nil {
+		w.notify(s, err)
+		return
+	}
 	w.srv, w.err = s, err
 	w.ready <- struct{}{}
 }
@@ -59,4 +64,10 @@ func (q *waitQueue[C]) remove(w *waiter[C]) {
 	}
 	w.prev, w.next = nil, nil
 	q.n--
+}
+
+// Wait is a wait of AcquireFunc for a connection, which CancelWait may end.
+type Wait[C any] struct {
+	w  *waiter[C]
+	kp *keyPool[C]
 }

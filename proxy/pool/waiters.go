@@ -7,8 +7,8 @@ import "time"
 type waiter[C any] struct {
 	prev, next *waiter[C]
 	since      time.Time
-	timeout    time.Duration // QueryWaitTimeout when the wait began; 0 for none
-	ready      chan struct{} // receives one value at finish; nil for a wait of AcquireFunc
+	timeout    time.Duration           // QueryWaitTimeout when the wait began; 0 for none
+	ready      chan struct{}           // receives one value at finish; nil for a wait of AcquireFunc
 	notify     func(*Server[C], error) // AcquireFunc's done; nil for Acquire
 	done       bool
 	srv        *Server[C]

@@ -232,16 +232,18 @@ func epollWithWakeup(ev unix.EpollEvent) (epfd, wakefd int, err error) {
 	return epfd, wakefd, nil
 }
 
-// post runs f on the loop's goroutine. Work posted to a stopped loop is dropped: a loop
-// stops only when it has no session left that the work could concern.
-func (l *eventLoop) post(f func()) {
+// post runs f on the loop's goroutine, reporting false when the loop has stopped. Work
+// posted to a stopped loop is dropped: a loop stops only when it has no session left
+// that the work could concern.
+func (l *eventLoop) post(f func()) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.stopped {
-		return
+		return false
 	}
 	l.posted = append(l.posted, f)
 	l.wakeLocked()
+	return true
 }
 
 // wakeLocked makes the loop's epoll_wait return; l.mu is held, so that the eventfd

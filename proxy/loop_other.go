@@ -18,3 +18,6 @@ func (*loopSession) whenQuiet(func() bool) {}
 func (*loopSession) drainClient()          {}
 func (*loopSession) detach()               {}
 func (*loopSession) abort()                {}
+
+func (s *Server) adoptPooled(*conn, *pooledConn) bool { return false }
+func (s *Server) txOnLoops() bool                     { return false }

@@ -49,6 +49,11 @@ type loopSession struct {
 	draining  bool      // the client is drained once the output has gone out (see drain)
 	deadline  time.Time // when finishing gives up waiting
 	streaming int       // body bytes of an upstream message still to stream to the client
+
+	// tx is the session's pooledConn in transaction mode (see txloop_linux.go), nil in
+	// session mode; bare: it has given its buffers back while quiet.
+	tx   *pooledConn
+	bare bool
 }
 
 // loopEnd is one of a loop session's two sockets.
@@ -64,6 +69,25 @@ type loopEnd struct {
 	sink    fdSink
 	in      endReader // what the session's reader of this side reads
 	tls     *tls.Conn // the side's TLS connection over src and sink; nil for a plain socket
+	// pio is the socket of the connection a session in transaction mode borrows, on its
+	// upstream side; src and sink are then pio's.
+	pio *physIO
+}
+
+// source is the side's socket reader.
+func (e *loopEnd) source() *fdSource {
+	if e.pio != nil {
+		return &e.pio.src
+	}
+	return &e.src
+}
+
+// output is the side's socket writer.
+func (e *loopEnd) output() *fdSink {
+	if e.pio != nil {
+		return &e.pio.sink
+	}
+	return &e.sink
 }
 
 // adopt hands an established session to an event loop, reporting false when it must be
@@ -238,7 +262,7 @@ func (ls *loopSession) register() {
 		ls.teardown()
 		return
 	}
-	if ls.loop.add(&ls.client) != nil || ls.loop.add(&ls.upstream) != nil {
+	if ls.loop.add(&ls.client) != nil || (ls.tx == nil && ls.loop.add(&ls.upstream) != nil) {
 		ls.teardown()
 		return
 	}
@@ -248,17 +272,17 @@ func (ls *loopSession) register() {
 
 // event handles the readiness of one of the session's sockets.
 func (ls *loopSession) event(end *loopEnd, events uint32) {
-	if ls.dead || ls.detached {
-		return
+	if ls.dead || ls.detached || (ls.tx != nil && end == &ls.upstream && end.pio == nil) {
+		return // in transaction mode: a connection given back meanwhile
 	}
 	if events&(unix.EPOLLHUP|unix.EPOLLERR) != 0 {
 		end.hup = true
 	}
 	if events&(unix.EPOLLIN|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-		end.src.readable = true
+		end.source().readable = true
 	}
 	if events&(unix.EPOLLOUT|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-		end.sink.flush()
+		end.output().flush()
 	}
 	ls.process()
 }
@@ -273,8 +297,10 @@ func (ls *loopSession) mayRead(end *loopEnd) bool {
 		// A client message may answer the client itself, which must not land inside
 		// the message being streamed to it.
 		return false
+	} else if ls.tx != nil && ls.tx.awaiting {
+		return false // the client's messages wait for a server connection
 	}
-	return len(other.sink.pending) == 0 && len(end.sink.pending) < loopOutputLimit
+	return len(other.output().pending) == 0 && len(end.output().pending) < loopOutputLimit
 }
 
 // process handles the messages that are buffered whole, as the goroutine relay would,
@@ -289,6 +315,13 @@ func (ls *loopSession) process() {
 		return
 	}
 	c := ls.c
+	if ls.tx != nil {
+		ls.takeBuffers()
+		if ls.tx.awaiting && ls.tx.pump() != nil {
+			ls.serverFailed()
+			return
+		}
+	}
 	budget := loopBudget
 	for budget > 0 {
 		moved := false
@@ -359,7 +392,7 @@ func (ls *loopSession) process() {
 		// The client is gone; so is the session.
 		ls.teardown()
 		return
-	case ls.upstream.sink.err != nil:
+	case ls.upstream.output().err != nil:
 		c.tellClient(sqlstate.ConnectionFailure, "server closed the connection unexpectedly")
 		ls.finish()
 		return
@@ -370,6 +403,9 @@ func (ls *loopSession) process() {
 		ls.loop.again = append(ls.loop.again, ls)
 	}
 	ls.rewatch()
+	if ls.tx != nil && !ls.dead && ls.txQuiet() {
+		ls.putBuffers()
+	}
 }
 
 // whole reports whether the next message from r is buffered whole, reading from the
@@ -384,7 +420,9 @@ func (ls *loopSession) whole(r *msgReader, in *endReader) (typ byte, n int, read
 		return 0, -1, !isWouldBlock(err), false
 	}
 	need := 5 + n
-	if need > loopMaxMessage {
+	if need > loopMaxMessage && ls.tx == nil {
+		// In transaction mode the pooledConn holds whole messages anyway, so that the
+		// loop does too, up to the message size limit, which the handler checks.
 		return 0, -1, false, true
 	}
 	for need > r.br.Size() {
@@ -464,6 +502,9 @@ func rebuffer(br *bufio.Reader, in *endReader, size int) *bufio.Reader {
 
 // shrink gives back the memory of a large message once it has been handled.
 func (ls *loopSession) shrink() {
+	if ls.bare {
+		return
+	}
 	c := ls.c
 	if c.cr.br.Size() > readBufferSize && c.cr.br.Buffered() <= readBufferSize {
 		c.cr.br = rebuffer(c.cr.br, &ls.client.in, readBufferSize)
@@ -476,6 +517,9 @@ func (ls *loopSession) shrink() {
 }
 
 func (ls *loopSession) flushWriters() {
+	if ls.bare {
+		return
+	}
 	c := ls.c
 	c.cwMu.Lock()
 	_ = c.cw.Flush()
@@ -485,11 +529,16 @@ func (ls *loopSession) flushWriters() {
 
 // rewatch tells the loop which events of the session's sockets matter now.
 func (ls *loopSession) rewatch() {
+	if ls.tx != nil && !ls.syncServer() {
+		ls.c.log.Warn("an event loop cannot watch a server connection")
+		ls.teardown()
+		return
+	}
 	var cw, uw uint32
 	if len(ls.client.sink.pending) > 0 {
 		cw |= unix.EPOLLOUT
 	}
-	if len(ls.upstream.sink.pending) > 0 {
+	if len(ls.upstream.output().pending) > 0 {
 		uw |= unix.EPOLLOUT
 	}
 	if !ls.finishing {
@@ -501,7 +550,9 @@ func (ls *loopSession) rewatch() {
 		}
 	}
 	ls.loop.watch(&ls.client, cw)
-	ls.loop.watch(&ls.upstream, uw)
+	if ls.tx == nil || ls.upstream.pio != nil {
+		ls.loop.watch(&ls.upstream, uw)
+	}
 }
 
 // finish ends the session once its output has been written (or drainTimeout has passed),
@@ -515,7 +566,7 @@ func (ls *loopSession) finish() {
 
 func (ls *loopSession) finishStep() {
 	ls.flushWriters()
-	client, upstream := &ls.client.sink, &ls.upstream.sink
+	client, upstream := &ls.client.sink, ls.upstream.output()
 	if client.err != nil {
 		ls.teardown()
 		return
@@ -555,11 +606,20 @@ func (ls *loopSession) teardown() {
 	ls.dead = true
 	l := ls.loop
 	l.remove(&ls.client)
-	l.remove(&ls.upstream)
 	if ls.client.fd >= 0 {
 		unix.Close(ls.client.fd)
 	}
-	unix.Close(ls.upstream.fd)
+	if ls.tx != nil {
+		if ls.bare {
+			ls.c.srv.pooling.bare.Add(-1)
+		}
+		// The server connection goes back to the pool, never closed here.
+		ls.tx.endOnLoop()
+		l.remove(&ls.upstream)
+	} else {
+		l.remove(&ls.upstream)
+		unix.Close(ls.upstream.fd)
+	}
 	delete(l.timed, ls)
 	ls.c.close()
 	ls.c.log.Debug("session ended")
@@ -573,8 +633,16 @@ func (ls *loopSession) drainClient() { ls.draining = true }
 // whenQuiet is the engine's: f runs on the loop, between two handlers.
 func (ls *loopSession) whenQuiet(f func() bool) {
 	ls.loop.post(func() {
-		if !ls.dead && !ls.detached && !ls.finishing && f() {
+		if ls.dead || ls.detached || ls.finishing {
+			return
+		}
+		if ls.tx != nil {
+			ls.takeBuffers()
+		}
+		if f() {
 			ls.finish()
+		} else if ls.tx != nil && ls.txQuiet() {
+			ls.putBuffers()
 		}
 	})
 }

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"errors"
+	"io"
 	"net"
 	"sync"
 	"syscall"
@@ -45,13 +46,13 @@ var (
 	parkWriters = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, writeBufferSize) }}
 )
 
-func takeReader(r net.Conn) *bufio.Reader {
+func takeReader(r io.Reader) *bufio.Reader {
 	br := parkReaders.Get().(*bufio.Reader)
 	br.Reset(r)
 	return br
 }
 
-func takeWriter(w net.Conn) *bufio.Writer {
+func takeWriter(w io.Writer) *bufio.Writer {
 	bw := parkWriters.Get().(*bufio.Writer)
 	bw.Reset(w)
 	return bw
@@ -95,9 +96,13 @@ func (v *pooledConn) quietLocked() bool {
 		c.pending.Load() == 0 && c.server.txStatus.Load() == txIdle
 }
 
-// relayPooled runs a session in transaction mode once its startup is done, reporting
-// whether it was parked (it then goes on without the calling goroutine).
+// relayPooled runs a session in transaction mode once its startup is done: on an event
+// loop where it can (txloop_linux.go), else on a goroutine pair. It reports whether the
+// session goes on without the calling goroutine (on a loop, or parked).
 func (c *conn) relayPooled(v *pooledConn) (parked bool) {
+	if c.srv.adoptPooled(c, v) {
+		return true
+	}
 	if lot := c.srv.parkLot(); lot != nil {
 		if _, ok := c.client.(syscall.Conn); ok {
 			v.mu.Lock()
@@ -296,10 +301,12 @@ func (v *pooledConn) leaveLot() {
 	}
 }
 
-// ParkedSessions counts the sessions in transaction mode that are parked now.
+// ParkedSessions counts the sessions in transaction mode that are parked now: those of the
+// parking lot, and those on event loops that hold no buffers.
 func (s *Server) ParkedSessions() int {
+	n := int(s.pooling.bare.Load())
 	if lot := s.existingParkLot(); lot != nil {
-		return lot.parkedCount()
+		n += lot.parkedCount()
 	}
-	return 0
+	return n
 }

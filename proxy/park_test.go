@@ -17,6 +17,13 @@ import (
 	"github.com/leafproxy/leafproxy/proxy/pool"
 )
 
+// forEachTxEngine runs test with the sessions in transaction mode served by the event
+// loops (the default), then by goroutine pairs and the parking lot (event-loops -1).
+func forEachTxEngine(t *testing.T, test func(*testing.T, func(*Server))) {
+	t.Run("event loops", func(t *testing.T) { test(t, func(*Server) {}) })
+	t.Run("goroutines", func(t *testing.T) { test(t, func(s *Server) { s.GoroutineRelay = true }) })
+}
+
 // waitParked waits until the proxy has n parked sessions.
 func waitParked(t *testing.T, p *testProxy, n int) {
 	t.Helper()
@@ -31,9 +38,11 @@ func waitParked(t *testing.T, p *testProxy, n int) {
 // TestTxPoolParkedSessionResumes: a parked session wakes up for its client's next
 // message with its settings and prepared statements, in and out of transactions, across
 // a reload of the pool settings, and parks again.
-func TestTxPoolParkedSessionResumes(t *testing.T) {
+func TestTxPoolParkedSessionResumes(t *testing.T) { forEachTxEngine(t, testTxPoolParkedSessionResumes) }
+
+func testTxPoolParkedSessionResumes(t *testing.T, engine func(*Server)) {
 	db := testenv.NewDatabase(t)
-	p := startProxy(t, db, inTransactionMode)
+	p := startProxy(t, db, inTransactionMode, engine)
 	ctx := testContext(t)
 	conn := connect(t, p.url(db))
 	if _, err := conn.Exec(ctx, "SET application_name = 'parked'"); err != nil {
@@ -83,9 +92,11 @@ func TestTxPoolParkedSessionResumes(t *testing.T) {
 
 // TestTxPoolParkedClientVanishes: a client that closes its socket while its session is
 // parked ends the session.
-func TestTxPoolParkedClientVanishes(t *testing.T) {
+func TestTxPoolParkedClientVanishes(t *testing.T) { forEachTxEngine(t, testTxPoolParkedClientVanishes) }
+
+func testTxPoolParkedClientVanishes(t *testing.T, engine func(*Server)) {
 	db := testenv.NewDatabase(t)
-	p := startProxy(t, db, inTransactionMode)
+	p := startProxy(t, db, inTransactionMode, engine)
 	c, _ := bareTxSession(t, p, db)
 	waitParked(t, p, 1)
 	c.Close()
@@ -97,9 +108,11 @@ func TestTxPoolParkedClientVanishes(t *testing.T) {
 
 // TestTxPoolParkedShutdown: Shutdown ends a parked session at once with 57P01, and waits
 // for a session in a transaction.
-func TestTxPoolParkedShutdown(t *testing.T) {
+func TestTxPoolParkedShutdown(t *testing.T) { forEachTxEngine(t, testTxPoolParkedShutdown) }
+
+func testTxPoolParkedShutdown(t *testing.T, engine func(*Server)) {
 	db := testenv.NewDatabase(t)
-	p := startProxy(t, db, inTransactionMode)
+	p := startProxy(t, db, inTransactionMode, engine)
 	ctx := testContext(t)
 	parked, _ := bareTxSession(t, p, db)
 	busy := connect(t, p.url(db))
@@ -132,9 +145,11 @@ func TestTxPoolParkedShutdown(t *testing.T) {
 // TestTxPoolParkedCancelAndWait: a cancel request for a parked session does nothing to
 // it; a parked session that wakes up while the pool is busy waits, gets the pool's
 // SQLSTATE when the wait is too long, and goes on.
-func TestTxPoolParkedCancelAndWait(t *testing.T) {
+func TestTxPoolParkedCancelAndWait(t *testing.T) { forEachTxEngine(t, testTxPoolParkedCancelAndWait) }
+
+func testTxPoolParkedCancelAndWait(t *testing.T, engine func(*Server)) {
 	db := testenv.NewDatabase(t)
-	p := startProxy(t, db, inTransactionMode, func(s *Server) {
+	p := startProxy(t, db, inTransactionMode, engine, func(s *Server) {
 		s.Pooling.PoolSize = 1
 		s.Pooling.QueryWaitTimeout = 300 * time.Millisecond
 	})
@@ -217,9 +232,11 @@ func bareTxSession(t *testing.T, p *testProxy, db string) (net.Conn, []byte) {
 // TestTxPoolParkedRewriting: with the rewriting proxy, a parked session wakes up for the
 // fast path (answered by the proxy, no server connection) and for filled INSERTs, and
 // parks again after either.
-func TestTxPoolParkedRewriting(t *testing.T) {
+func TestTxPoolParkedRewriting(t *testing.T) { forEachTxEngine(t, testTxPoolParkedRewriting) }
+
+func testTxPoolParkedRewriting(t *testing.T, engine func(*Server)) {
 	db := testenv.NewDatabase(t)
-	p, _ := rewritingProxy(t, db, inTransactionMode)
+	p, _ := rewritingProxy(t, db, inTransactionMode, engine)
 	ctx := testContext(t)
 	conn := connect(t, p.url(db))
 	if _, err := conn.Exec(ctx, "CREATE TABLE orders (id int8 PRIMARY KEY, item text NOT NULL)"); err != nil {

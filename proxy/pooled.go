@@ -10,6 +10,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unique"
 
@@ -49,6 +50,9 @@ type pooling struct {
 	pool   *pool.Pool[*physConn]
 	closed bool
 	lot    *parkLot // the parked sessions (park.go); nil before the first
+	// bare counts the sessions on event loops that gave their buffers back while quiet
+	// (txloop_linux.go): parked too, without a lot.
+	bare atomic.Int64
 
 	// targets maps each key to where and how its connections log in (*poolTarget).
 	targets sync.Map
@@ -188,7 +192,10 @@ type physConn struct {
 	addr string // the upstream's address, for cancel requests
 	nc   net.Conn
 	br   *bufio.Reader
-	key  [8]byte // BackendKeyData: process ID and secret
+	// io is the connection's socket once it has left the runtime's poller for the event
+	// loops (see physIO); nil while transaction-mode sessions run on goroutines.
+	io  *physIO
+	key [8]byte // BackendKeyData: process ID and secret
 
 	// login holds the ParameterStatus values reported at login, by name as the server
 	// spells it; they are what a new client is told at its startup.
@@ -244,6 +251,12 @@ func (pc physConnector) Dial(ctx context.Context, key pool.Key) (*physConn, erro
 		return nil, err
 	}
 	_ = nc.SetDeadline(noDeadline)
+	if pc.s.txOnLoops() {
+		if err := p.loopNative(); err != nil {
+			nc.Close()
+			return nil, err
+		}
+	}
 	return p, nil
 }
 
@@ -339,8 +352,8 @@ func (p *physConn) readMessage() (byte, []byte, error) {
 // connection.
 func (pc physConnector) Reset(ctx context.Context, p *physConn) error {
 	if d, ok := ctx.Deadline(); ok {
-		_ = p.nc.SetDeadline(d)
-		defer p.nc.SetDeadline(noDeadline)
+		p.setDeadline(d)
+		defer p.setDeadline(noDeadline)
 	}
 	if _, err := p.nc.Write(appendQuery(nil, "DISCARD ALL")); err != nil {
 		return err
@@ -372,9 +385,20 @@ func (pc physConnector) Reset(ctx context.Context, p *physConn) error {
 }
 
 func (physConnector) Close(p *physConn) {
-	_ = p.nc.SetWriteDeadline(time.Now().Add(time.Second))
+	p.setDeadline(time.Now().Add(time.Second))
 	_, _ = p.nc.Write([]byte{clientTerminate, 0, 0, 0, 4})
 	p.nc.Close()
+	if p.io != nil {
+		p.io.Close()
+	}
+}
+
+// setDeadline sets the deadline of the blocking reads and writes of the connection.
+func (p *physConn) setDeadline(d time.Time) {
+	_ = p.nc.SetDeadline(d)
+	if p.io != nil {
+		_ = p.io.SetDeadline(d)
+	}
 }
 
 // splitParameterStatus returns the name and value of a ParameterStatus body.

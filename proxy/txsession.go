@@ -136,6 +136,18 @@ type pooledConn struct {
 	stopWait context.CancelCauseFunc
 	inWait   bool
 
+	// host is the event loop serving the session (txloop_linux.go), nil while goroutines
+	// do. On a loop nothing blocks: a borrow that must wait returns errAwaitServer, the
+	// client's messages wait in wbuf (awaiting), and the pool's answer comes back through
+	// the loop (granted) as grant and grantErr.
+	host     txHost
+	wait     *pool.Wait[*physConn]
+	waitSeq  uint64 // counts the waits, so that a late answer to an old one is known
+	awaiting bool
+	granted  bool
+	grant    *pool.Server[*physConn]
+	grantErr error
+
 	// Protocol state of the borrowed connection.
 	queue       []expect
 	outstanding int  // ReadyForQuery messages the server still owes
@@ -173,6 +185,7 @@ type pooledConn struct {
 	rstream int       // touched by the reader only
 	rpc     *physConn // the connection rstream belongs to; reader only
 	rbuf    []byte    // the message being read; reader only
+	rneed   int       // bytes of the message in rbuf still to come; reader only
 
 	park parkState
 }
@@ -207,6 +220,94 @@ func (v *pooledConn) acquire() (*pool.Server[*physConn], error) {
 	return srv, err
 }
 
+// errAwaitServer stops the handling of a session's messages on an event loop until the
+// pool lends the session a connection.
+var errAwaitServer = errors.New("waiting for a server connection")
+
+// txHost is the event loop that serves a session in transaction mode.
+type txHost interface {
+	// post runs f on the loop's goroutine, reporting false when the loop has stopped.
+	post(f func()) bool
+	// dropServer stops watching the socket of the borrowed connection; called by the
+	// session's goroutine just before the connection goes back to the pool, where another
+	// loop may take it at once.
+	dropServer()
+	// resume runs the session on its loop after a wait for a connection has ended; called
+	// on the loop's goroutine.
+	resume()
+}
+
+// borrow gets a server connection for the session; mu is held. On goroutines it waits,
+// letting go of mu meanwhile. On an event loop it returns errAwaitServer when none is
+// free at once; the pool's answer comes through granted, and the next borrow returns it.
+func (v *pooledConn) borrow() (*pool.Server[*physConn], error) {
+	if v.host == nil {
+		v.mu.Unlock()
+		srv, err := v.acquire()
+		v.mu.Lock()
+		return srv, err
+	}
+	if v.granted {
+		srv, err := v.grant, v.grantErr
+		v.grant, v.grantErr, v.granted = nil, nil, false
+		return srv, err
+	}
+	if v.wait != nil {
+		return nil, errAwaitServer
+	}
+	p, err := v.c.srv.serverPool()
+	if err != nil {
+		return nil, err
+	}
+	v.waitSeq++
+	seq, host := v.waitSeq, v.host
+	srv, w, err := p.AcquireFunc(v.key, func(srv *pool.Server[*physConn], err error) {
+		// The pool's lock is held: the answer goes on to the loop.
+		if !host.post(func() { v.answer(seq, srv, err) }) && srv != nil {
+			go srv.Release(pool.Clean)
+		}
+	})
+	if w != nil {
+		v.wait = w
+		return nil, errAwaitServer
+	}
+	return srv, err
+}
+
+// answer takes the pool's answer to the wait seq, on the session's loop.
+func (v *pooledConn) answer(seq uint64, srv *pool.Server[*physConn], err error) {
+	v.mu.Lock()
+	if v.closed || v.wait == nil || seq != v.waitSeq {
+		v.mu.Unlock()
+		if srv != nil {
+			srv.Release(pool.Clean)
+		}
+		return
+	}
+	v.wait = nil
+	v.grant, v.grantErr, v.granted = srv, err, true
+	v.mu.Unlock()
+	v.host.resume()
+}
+
+// cancelWaitLocked ends the session's wait on an event loop for a connection, if any,
+// with err; v.mu is held.
+func (v *pooledConn) cancelWaitLocked(err error) {
+	if v.wait == nil {
+		return
+	}
+	p := v.c.srv.existingPool()
+	if p == nil || !p.CancelWait(v.wait) {
+		return // the answer is on its way
+	}
+	v.wait = nil
+	v.grant, v.grantErr, v.granted = nil, err, true
+	if err != nil {
+		host := v.host
+		host.post(host.resume)
+	}
+}
+
 // dropWaitContext lets go of the context of the waits for a server connection; v.mu is
 // held.
 func (v *pooledConn) dropWaitContext() {
@@ -222,6 +323,9 @@ var errWaitCancelled = errors.New("canceling statement due to user request")
 // take makes srv the session's connection and applies the client's settings to it.
 func (v *pooledConn) take(srv *pool.Server[*physConn]) []byte {
 	v.srv, v.pc = srv, srv.Conn()
+	if v.pc.io != nil {
+		v.pc.io.onLoop = v.host != nil
+	}
 	v.readerOn, v.release, v.queries = true, false, 0
 	v.cond.Broadcast()
 	return v.applySettings(nil)
@@ -238,6 +342,15 @@ func (v *pooledConn) giveBack(st pool.State) {
 			st = pool.NeedsReset
 		}
 	}
+	if io := v.pc.io; io != nil {
+		if v.host != nil {
+			v.host.dropServer()
+		}
+		if len(io.sink.pending) > 0 && st != pool.Broken {
+			st = pool.Broken // output the server never got: its state is unknown
+		}
+		io.onLoop = false
+	}
 	v.srv.Release(st)
 	v.srv, v.pc = nil, nil
 	v.readerOn, v.release, v.reading = false, false, false
@@ -252,7 +365,9 @@ func (v *pooledConn) idle() bool {
 }
 
 // Write takes the session's messages for the server: whole messages are handled as they
-// complete (see clientMessage) and what the server must get is written to pc.
+// complete (see clientMessage) and what the server must get is written to the borrowed
+// connection. On an event loop, messages that must wait for a connection wait in wbuf
+// (awaiting) until pump.
 func (v *pooledConn) Write(p []byte) (int, error) {
 	v.mu.Lock()
 	if v.closed {
@@ -261,14 +376,38 @@ func (v *pooledConn) Write(p []byte) (int, error) {
 	}
 	v.writers++
 	defer v.endWrite()
-
+	if v.awaiting {
+		v.wbuf = append(v.wbuf, p...)
+		v.mu.Unlock()
+		return len(p), nil
+	}
 	// Whole messages are handled where they are: in p, or in wbuf once a partial one
 	// has been completed there.
-	in := p
 	if len(v.wbuf) > 0 {
 		v.wbuf = append(v.wbuf, p...)
-		in = v.wbuf
+		return len(p), v.handle(v.wbuf, true)
 	}
+	return len(p), v.handle(p, false)
+}
+
+// pump handles the messages that waited for a connection, once the wait has ended; the
+// session's loop calls it.
+func (v *pooledConn) pump() error {
+	v.mu.Lock()
+	if !v.awaiting || !v.granted || v.closed {
+		v.mu.Unlock()
+		return nil
+	}
+	v.writers++
+	defer v.endWrite()
+	v.awaiting = false
+	return v.handle(v.wbuf, true)
+}
+
+// handle handles the whole messages at the start of in, which is wbuf (inBuf) or the
+// caller's, and writes what the server must get; the rest (a partial message, or
+// messages waiting for a connection) stays in wbuf. Called with mu held, which it lets go.
+func (v *pooledConn) handle(in []byte, inBuf bool) error {
 	out := v.obuf[:0]
 	var pc *physConn
 	done := 0
@@ -279,16 +418,20 @@ func (v *pooledConn) Write(p []byte) (int, error) {
 		}
 		var err error
 		out, pc, err = v.clientMessage(out, pc, in[done:done+n])
+		if err == errAwaitServer {
+			v.awaiting = true
+			break
+		}
 		if err != nil {
 			v.mu.Unlock()
-			return 0, err
+			return err
 		}
 		done += n
 	}
-	if len(v.wbuf) > 0 {
+	if inBuf {
 		v.wbuf = v.wbuf[:copy(v.wbuf, v.wbuf[done:])]
 	} else {
-		v.wbuf = append(v.wbuf, p[done:]...)
+		v.wbuf = append(v.wbuf, in[done:]...)
 	}
 	if len(v.wbuf) == 0 && cap(v.wbuf) > keepBufferSize {
 		v.wbuf = nil
@@ -299,10 +442,10 @@ func (v *pooledConn) Write(p []byte) (int, error) {
 	}
 	if len(out) > 0 {
 		if _, err := pc.nc.Write(out); err != nil {
-			return 0, err
+			return err
 		}
 	}
-	return len(p), nil
+	return nil
 }
 
 func (v *pooledConn) endWrite() {
@@ -351,9 +494,10 @@ func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte
 		case clientFlush, clientCopyData, clientCopyDone, clientCopyFail:
 			return out, pc, nil
 		}
-		v.mu.Unlock()
-		srv, err := v.acquire()
-		v.mu.Lock()
+		srv, err := v.borrow()
+		if err == errAwaitServer {
+			return out, pc, err
+		}
 		if v.closed {
 			if srv != nil {
 				srv.Release(pool.Clean)
@@ -543,6 +687,10 @@ func (v *pooledConn) Read(p []byte) (int, error) {
 			continue
 		}
 		if v.pc == nil || !v.readerOn {
+			if v.host != nil {
+				v.mu.Unlock()
+				return 0, errWouldBlock
+			}
 			if v.park.parking {
 				v.mu.Unlock()
 				return 0, errParked
@@ -558,6 +706,14 @@ func (v *pooledConn) Read(p []byte) (int, error) {
 		n, err := v.readServer(pc, p)
 		v.mu.Lock()
 		v.reading = false
+		if err != nil && isWouldBlock(err) {
+			closed := v.closed
+			v.mu.Unlock()
+			if closed {
+				return 0, io.EOF
+			}
+			return 0, err
+		}
 		if err != nil {
 			closed := v.closed
 			if v.pc == pc {
@@ -576,11 +732,13 @@ func (v *pooledConn) Read(p []byte) (int, error) {
 	}
 }
 
-// readServer reads from pc: the next piece of a streamed message straight into p, or one
-// whole message, which serverMessage handles (with mu held).
+// readServer reads from pc: the next piece of a streamed message straight into p, or
+// whole messages, which serverMessage handles (with mu held). On an event loop pc's
+// reads do not block: a message that has not arrived whole waits in rbuf (rneed more
+// bytes to come), and errWouldBlock says that nothing more is to be had now.
 func (v *pooledConn) readServer(pc *physConn, p []byte) (int, error) {
 	if v.rpc != pc {
-		v.rpc, v.rstream = pc, 0
+		v.rpc, v.rstream, v.rneed = pc, 0, 0
 	}
 	if v.rstream > 0 {
 		n, err := pc.br.Read(p[:min(len(p), v.rstream)])
@@ -590,30 +748,49 @@ func (v *pooledConn) readServer(pc *physConn, p []byte) (int, error) {
 		}
 		return n, nil
 	}
-	var h [5]byte
-	if _, err := io.ReadFull(pc.br, h[:]); err != nil {
-		return 0, err
-	}
-	n := int(binary.BigEndian.Uint32(h[1:])) - 4
-	if n < 0 || n > v.c.srv.maxMessageSize() {
-		return 0, errMessageTooLarge
-	}
-	if (h[0] == serverDataRow || h[0] == serverCopyData) && n > keepBufferSize {
-		v.mu.Lock()
-		injected := len(v.queue) > 0 && v.queue[0].kind == expInjectedQuery
-		v.mu.Unlock()
-		if !injected {
-			v.rstream = n
-			return copy(p, h[:]), nil // p is a bufio.Reader's buffer: never shorter than 5
+	if v.rneed == 0 {
+		h, err := pc.br.Peek(5)
+		if len(h) < 5 {
+			return 0, err
 		}
+		n := int(binary.BigEndian.Uint32(h[1:])) - 4
+		if n < 0 || n > v.c.srv.maxMessageSize() {
+			return 0, errMessageTooLarge
+		}
+		if (h[0] == serverDataRow || h[0] == serverCopyData) && n > keepBufferSize {
+			v.mu.Lock()
+			injected := len(v.queue) > 0 && v.queue[0].kind == expInjectedQuery
+			v.mu.Unlock()
+			if !injected {
+				v.rstream = n
+				copied := copy(p, h) // p is a bufio.Reader's buffer: never shorter than 5
+				_, _ = pc.br.Discard(5)
+				return copied, nil
+			}
+		}
+		msg := slices.Grow(v.rbuf[:0], 5+n)[:5]
+		copy(msg, h)
+		_, _ = pc.br.Discard(5)
+		v.rbuf, v.rneed = msg, n
 	}
-	msg := slices.Grow(v.rbuf[:0], 5+n)[:5+n]
-	if cap(msg) <= keepBufferSize {
-		v.rbuf = msg
+	for v.rneed > 0 {
+		// What is buffered, or what one read of the socket brings.
+		if pc.br.Buffered() == 0 {
+			if _, err := pc.br.Peek(1); err != nil {
+				if err == io.EOF {
+					err = io.ErrUnexpectedEOF
+				}
+				return 0, err
+			}
+		}
+		chunk, _ := pc.br.Peek(min(v.rneed, pc.br.Buffered()))
+		v.rbuf = append(v.rbuf, chunk...)
+		_, _ = pc.br.Discard(len(chunk))
+		v.rneed -= len(chunk)
 	}
-	copy(msg, h[:])
-	if _, err := io.ReadFull(pc.br, msg[5:]); err != nil {
-		return 0, unexpected(err)
+	msg := v.rbuf
+	if cap(msg) > keepBufferSize {
+		v.rbuf = nil
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -759,12 +936,12 @@ func (v *pooledConn) Close() error {
 		return nil
 	}
 	v.closed = true
-	if v.srv != nil {
-		if v.idle() && !v.reading && v.writers == 0 && !v.needCapture {
-			v.giveBack(pool.Clean)
-		} else {
-			v.giveBack(pool.Broken)
-		}
+	if v.host == nil {
+		v.endLocked()
+	} else {
+		// The loop may be using the connection right now: it gives it back as it ends
+		// the session (endOnLoop).
+		v.cancelWaitLocked(nil)
 	}
 	v.cond.Broadcast()
 	lot := v.park.lot
@@ -775,6 +952,33 @@ func (v *pooledConn) Close() error {
 	return nil
 }
 
+// endLocked gives back what the session holds as it ends: a connection borrowed in a
+// transaction, or owing answers, is given back broken and closed; an idle one goes back
+// to the pool. v.mu is held.
+func (v *pooledConn) endLocked() {
+	if v.srv != nil {
+		if v.idle() && !v.reading && v.writers == 0 && !v.needCapture {
+			v.giveBack(pool.Clean)
+		} else {
+			v.giveBack(pool.Broken)
+		}
+	}
+	v.cancelWaitLocked(nil)
+	if v.granted && v.grant != nil {
+		v.grant.Release(pool.Clean)
+	}
+	v.grant, v.grantErr, v.granted = nil, nil, false
+}
+
+// endOnLoop ends the session's side on its event loop, which calls it as it ends the
+// session.
+func (v *pooledConn) endOnLoop() {
+	v.mu.Lock()
+	v.closed = true
+	v.endLocked()
+	v.mu.Unlock()
+}
+
 // cancelTarget returns the CancelRequest for what the session runs now and the address
 // of its server; nil when it holds no server connection. A wait for one ends.
 func (v *pooledConn) cancelTarget() ([]byte, string) {
@@ -783,6 +987,7 @@ func (v *pooledConn) cancelTarget() ([]byte, string) {
 	if v.inWait && v.stopWait != nil {
 		v.stopWait(errWaitCancelled)
 	}
+	v.cancelWaitLocked(errWaitCancelled)
 	if v.pc == nil {
 		return nil, ""
 	}

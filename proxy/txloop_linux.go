@@ -1,0 +1,173 @@
+//go:build linux
+
+package proxy
+
+import (
+	"golang.org/x/sys/unix"
+
+	"github.com/leafproxy/leafproxy/internal/sqlstate"
+)
+
+// Sessions in transaction mode on the event loops. Such a session is a loopSession whose
+// client side is its socket, as in session mode, and whose server side is its pooledConn
+// (tx): the session's server reader and writer read and write the pooledConn, which
+// reads and writes whichever pooled connection (physConn) the session borrows, without
+// blocking. While the session holds one, the loop watches that connection's socket as
+// the session's upstream side (loopEnd.pio), and lets go of it before the connection
+// goes back to the pool (dropServer), where a session of another loop may take it.
+//
+// Nothing blocks on the loop: a borrow that must wait leaves the client's messages in the
+// pooledConn, and the loop stops reading the client until the pool's answer arrives
+// (posted to the loop, see pooledConn.borrow) and the messages have gone (pump).
+//
+// A session that holds no connection and has nothing in progress gives its four buffers
+// back, as a parked session does (park.go), and takes them again when its client sends
+// something: an idle session costs its socket and what it keeps for the client, and no
+// goroutine.
+
+// txOnLoops reports whether transaction-mode sessions are served by event loops, and
+// the pool's connections therefore live outside the runtime's poller (physIO).
+func (s *Server) txOnLoops() bool { return !s.GoroutineRelay }
+
+// adoptPooled hands a session in transaction mode to an event loop once its startup is
+// done, reporting false when goroutines must serve it (see adopt).
+func (s *Server) adoptPooled(c *conn, v *pooledConn) bool {
+	clientSock, clientTLS, ok := loopSocket(c.client)
+	if !s.txOnLoops() || !ok {
+		return false
+	}
+	if _, ok := s.IDs.(IDProber); s.Rewriter != nil && !ok {
+		return false
+	}
+	c.cwMu.mu.Lock()
+	defer c.cwMu.mu.Unlock()
+	if c.cw.Flush() != nil {
+		return false
+	}
+	l, err := s.loops.assign(s.eventLoops())
+	if err != nil {
+		c.log.WithError(err).Warn("cannot start an event loop; using goroutines")
+		return false
+	}
+	cfd, err := dupSocket(clientSock)
+	if err != nil {
+		s.loops.release(l)
+		return false
+	}
+	ls := &loopSession{c: c, loop: l, tx: v}
+	ls.client.init(ls, cfd, clientTLS, c.cr.br)
+	ls.upstream = loopEnd{ls: ls, fd: -1, in: endReader{held: bufferedCopy(c.server.r.br), stream: v}}
+	c.cr.br.Reset(&ls.client.in)
+	c.cw.Reset(ls.client.out())
+	c.server.r.br.Reset(&ls.upstream.in)
+
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		unix.Close(cfd)
+		s.loops.release(l)
+		return true
+	}
+	ls.client.attachTLS()
+	c.client = &loopConn{ls: ls, local: clientSock.LocalAddr(), remote: clientSock.RemoteAddr()}
+	v.mu.Lock()
+	v.host = ls
+	v.mu.Unlock()
+	c.loop.Store(ls)
+	c.singleGoroutine(true)
+	l.post(ls.register)
+	c.mu.Unlock()
+	clientSock.Close()
+	return true
+}
+
+// post is the txHost's: f runs on the session's loop.
+func (ls *loopSession) post(f func()) bool { return ls.loop.post(f) }
+
+// resume is the txHost's: the wait for a connection has ended.
+func (ls *loopSession) resume() { ls.process() }
+
+// dropServer is the txHost's: the loop stops watching the borrowed connection's socket
+// at once. Its place in the loop's table is given back by syncServer, on the loop.
+func (ls *loopSession) dropServer() {
+	e := &ls.upstream
+	ls.loop.unwatch(e)
+	e.pio, e.hup = nil, false
+}
+
+// syncServer makes the session's upstream side the socket of the connection it holds
+// now, if any; it reports false when the loop cannot watch it.
+func (ls *loopSession) syncServer() bool {
+	v := ls.tx
+	v.mu.Lock()
+	var pio *physIO
+	if v.pc != nil {
+		pio = v.pc.io
+	}
+	v.mu.Unlock()
+	e := &ls.upstream
+	if e.pio == pio && (pio == nil) == (e.slot == 0) {
+		return true
+	}
+	if e.slot != 0 {
+		ls.loop.remove(e)
+	}
+	e.pio, e.hup = pio, false
+	if pio == nil {
+		return true
+	}
+	e.fd = pio.src.fd
+	return ls.loop.add(e) == nil
+}
+
+// txQuiet reports whether a session in transaction mode may give its buffers back: it
+// holds no connection and has nothing in progress or buffered.
+func (ls *loopSession) txQuiet() bool {
+	c, v := ls.c, ls.tx
+	if ls.bare || ls.finishing || ls.streaming > 0 || len(ls.client.sink.pending) > 0 ||
+		len(ls.client.in.held) > 0 || len(ls.upstream.in.held) > 0 || ls.upstream.slot != 0 {
+		return false
+	}
+	if c.cr.br.Buffered() > 0 || c.cw.Buffered() > 0 || c.server.r.br.Buffered() > 0 || c.server.w.Buffered() > 0 {
+		return false
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.quietLocked() && !v.awaiting && v.wait == nil && !v.granted
+}
+
+// putBuffers gives a quiet session's buffers back.
+func (ls *loopSession) putBuffers() {
+	c, v := ls.c, ls.tx
+	putReader(c.cr.br)
+	putWriter(c.cw)
+	putReader(c.server.r.br)
+	putWriter(c.server.w)
+	c.cr.br, c.cw, c.server.r.br, c.server.w = nil, nil, nil, nil
+	c.cr.body, c.server.r.body = nil, nil
+	v.mu.Lock()
+	v.rbuf, v.wbuf, v.obuf, v.rout, v.synth = nil, nil, nil, nil, nil
+	v.mu.Unlock()
+	ls.bare = true
+	c.srv.pooling.bare.Add(1)
+}
+
+// takeBuffers gives a session that gave its buffers back new ones.
+func (ls *loopSession) takeBuffers() {
+	if !ls.bare {
+		return
+	}
+	c := ls.c
+	c.cr.br = takeReader(&ls.client.in)
+	c.cw = takeWriter(ls.client.out())
+	c.server.r.br = takeReader(&ls.upstream.in)
+	c.server.w = takeWriter(ls.tx)
+	ls.bare = false
+	c.srv.pooling.bare.Add(-1)
+}
+
+// serverFailed ends a session in transaction mode whose borrowed connection failed.
+func (ls *loopSession) serverFailed() {
+	ls.c.tellClient(sqlstate.ConnectionFailure, "server closed the connection unexpectedly")
+	ls.finish()
+}

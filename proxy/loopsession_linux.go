@@ -542,7 +542,7 @@ func (ls *loopSession) rewatch() {
 		uw |= unix.EPOLLOUT
 	}
 	if !ls.finishing {
-		if ls.mayRead(&ls.client) {
+		if ls.mayRead(&ls.client) || ls.awaitingQuietClient() {
 			cw |= unix.EPOLLIN
 		}
 		if ls.mayRead(&ls.upstream) {
@@ -553,6 +553,16 @@ func (ls *loopSession) rewatch() {
 	if ls.tx == nil || ls.upstream.pio != nil {
 		ls.loop.watch(&ls.upstream, uw)
 	}
+}
+
+// awaitingQuietClient reports whether a session in transaction mode waits for a server
+// connection while its client's socket has shown nothing more to read: the socket then
+// stays watched, which spares taking it out of the epoll set and putting it back for
+// every transaction that waits. Should the client send more meanwhile, the loop hears of
+// it once and takes the socket out then: a level-triggered set would report it again
+// and again.
+func (ls *loopSession) awaitingQuietClient() bool {
+	return ls.tx != nil && ls.tx.awaiting && !ls.client.src.readable
 }
 
 // finish ends the session once its output has been written (or drainTimeout has passed),

@@ -187,6 +187,13 @@ type eventLoop struct {
 	halt    atomic.Bool   // stopped, for the loop to read each turn without taking mu
 	done    chan struct{} // closed when the loop has stopped and closed its descriptors
 
+	// inRelease is set while the loop's runner gives a server connection back to the
+	// pool, which may lend it at once, in the same call, to a session of this loop: the
+	// answer posted to that session then needs no wake-up, and selfPosted tells the runner
+	// to look for it before it waits again (see releaseServer).
+	inRelease  atomic.Bool
+	selfPosted atomic.Bool
+
 	// gen counts the goroutines that have run the loop: a runner whose handler detached
 	// (see loopSession.detach) sees it change and stops being the runner.
 	gen atomic.Uint64
@@ -242,8 +249,22 @@ func (l *eventLoop) post(f func()) bool {
 		return false
 	}
 	l.posted = append(l.posted, f)
-	l.wakeLocked()
+	if l.inRelease.Load() {
+		l.selfPosted.Store(true)
+	} else {
+		l.wakeLocked()
+	}
 	return true
+}
+
+// takeSelfPosted returns the work posted without a wake-up (see inRelease), with the
+// rest posted since the last wake-up.
+func (l *eventLoop) takeSelfPosted() []func() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	work := l.posted
+	l.posted = nil
+	return work
 }
 
 // wakeLocked makes the loop's epoll_wait return; l.mu is held, so that the eventfd
@@ -348,6 +369,16 @@ func (l *eventLoop) run() {
 		}
 		if !l.runAgain(gen) {
 			return
+		}
+		if l.selfPosted.Swap(false) {
+			work := l.takeSelfPosted()
+			for i, f := range work {
+				f()
+				if l.gen.Load() != gen {
+					l.repost(work[i+1:])
+					return
+				}
+			}
 		}
 		l.checkDeadlines()
 	}

@@ -235,6 +235,8 @@ type txHost interface {
 	// resume runs the session on its loop after a wait for a connection has ended; called
 	// on the loop's goroutine.
 	resume()
+	// release gives srv back to the pool as st says.
+	release(srv *pool.Server[*physConn], st pool.State)
 }
 
 // borrow gets a server connection for the session; mu is held. On goroutines it waits,
@@ -351,7 +353,11 @@ func (v *pooledConn) giveBack(st pool.State) {
 		}
 		io.onLoop = false
 	}
-	v.srv.Release(st)
+	if v.host != nil {
+		v.host.release(v.srv, st)
+	} else {
+		v.srv.Release(st)
+	}
 	v.srv, v.pc = nil, nil
 	v.readerOn, v.release, v.reading = false, false, false
 	v.queue = v.queue[:0]

@@ -111,6 +111,9 @@ type expect struct {
 	// server skips the Close); stmt: the client's statement its Close forgot.
 	was  bool
 	stmt *clientStmt
+	// dropped: the client's statements the DEALLOCATE of an Execute forgot (restored when
+	// the server skips the Execute).
+	dropped map[string]*clientStmt
 	// refusal replaces the server's error for a refused statement's stand-in.
 	refusal []byte
 	// capture: the injected query is captureSQL.

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"fmt"
+	"maps"
 
 	"github.com/leafproxy/leafproxy/internal/sqlstate"
 )
@@ -177,6 +178,12 @@ func (v *pooledConn) undo(e *expect) {
 		if e.stmt != nil && v.stmts[e.client] == nil {
 			v.stmts[e.client] = e.stmt // the client still has it
 		}
+	case expExecute:
+		for name, st := range e.dropped {
+			if v.stmts[name] == nil {
+				v.stmts[name] = st // not deallocated
+			}
+		}
 	}
 }
 
@@ -191,6 +198,8 @@ func (v *pooledConn) serverDroppedAll() {
 		switch {
 		case e.kind == expInjectedClose:
 			e.was = false // nothing to restore if it is skipped
+		case e.kind == expExecute:
+			e.dropped = nil
 		case (e.kind == expParse || e.kind == expInjectedParse) && e.refusal == nil && e.name != "":
 			v.pc.prepared.use(e.name)
 			if e.kind == expParse && e.client != "" && v.stmts[e.client] != nil {
@@ -240,16 +249,28 @@ func (v *pooledConn) bindPortal(portal string, st *clientStmt) {
 
 // execute handles an Execute once the session has parsed a DEALLOCATE: every Execute's
 // answer is awaited in order, so that the EmptyQueryResponse of a DEALLOCATE's portal is
-// told from that of an empty statement of the client's. Of a name the client does not
-// have, the Execute fails, and the transaction with it, as PostgreSQL's DEALLOCATE would:
-// through the stand-in (refusal.go), whose error is replaced. Called with mu held.
+// told from that of an empty statement of the client's. The DEALLOCATE takes effect when
+// it is sent, as a Parse or Close does, so that the next messages of a pipeline see it;
+// it is undone if the server skips it (in a failed transaction the server fails the
+// Bind already). Of a name the client does not have, the Execute fails, and the
+// transaction with it, as PostgreSQL's DEALLOCATE would: through the stand-in
+// (refusal.go), whose error is replaced. Called with mu held.
 func (v *pooledConn) execute(out, msg []byte) []byte {
 	d := v.deallocPortals[zstring(msg[5:])]
-	if d != nil && !d.all && v.stmts[d.name] == nil {
+	e := expect{kind: expExecute, dealloc: d}
+	switch {
+	case d == nil:
+	case d.all:
+		e.dropped = maps.Clone(v.stmts)
+		clear(v.stmts)
+	case v.stmts[d.name] == nil:
 		v.queue = append(v.queue, expect{kind: expParse, refusal: unknownStatement(d.name)})
 		return appendMessage(out, clientParse, standInParseNamed)
+	default:
+		e.dropped = map[string]*clientStmt{d.name: v.stmts[d.name]}
+		delete(v.stmts, d.name)
 	}
-	v.queue = append(v.queue, expect{kind: expExecute, dealloc: d})
+	v.queue = append(v.queue, e)
 	return append(out, msg...)
 }
 
@@ -259,10 +280,16 @@ func (v *pooledConn) executed(front *expect, msg []byte) []byte {
 	d := front.dealloc
 	v.queue = v.queue[1:]
 	if d != nil && msg[0] == serverEmptyQueryResponse {
-		// In a failed transaction the server failed the Bind: never here.
-		return v.deallocate(d, txInBlock)
+		return appendCommandComplete(nil, deallocTag(d))
 	}
 	return msg
+}
+
+func deallocTag(d *deallocation) string {
+	if d.all {
+		return "DEALLOCATE ALL"
+	}
+	return "DEALLOCATE"
 }
 
 func unknownStatement(name string) []byte {

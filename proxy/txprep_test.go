@@ -373,6 +373,7 @@ func TestTxPoolMaxPreparedStatements(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer tx.Rollback(ctx)
 	for k := range limit + 3 {
 		var n int
 		if err := tx.QueryRow(ctx, fmt.Sprintf("SELECT $1::int - %d", k), 100).Scan(&n); err != nil || n != 100-k {

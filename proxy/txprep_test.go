@@ -251,6 +251,41 @@ func TestTxPoolDiscardAllPipelined(t *testing.T) {
 		f.prepare(b, "q9", "SELECT 9")
 		f.run(b, "q9", "9")
 		f.wantState(f.prepared(a, "s5"), "26000") // DISCARD ALL dropped it
+
+		// psql's DEALLOCATE ALL and DISCARD ALL on the same server connection.
+		out, err := runTool(t, "psql", "-X", "-At", "-v", "ON_ERROR_STOP=1", "-d", p.url(db), "-c", "DEALLOCATE ALL", "-c", "DISCARD ALL")
+		if err != nil || out != "DEALLOCATE ALL\nDISCARD ALL\n" {
+			t.Fatalf("psql: %v\n%q", err, out)
+		}
+		f.run(b, "s1", "1")
+		f.run(b, "s9", "9")
+		f.run(a, "p9", "9")
+	})
+}
+
+// TestTxPoolSkippedParseAgain: a Parse of a statement that the server connection already
+// has (the proxy closes and parses it again there), skipped by the server after an error
+// earlier in its pipeline, leaves the statement known as prepared: the client of the same
+// text on that connection (a pool of one) keeps running it, instead of the proxy
+// preparing it again and failing with 42P05.
+func TestTxPoolSkippedParseAgain(t *testing.T) {
+	newDeallocFixture(t, func(f *deallocFixture, p *testProxy, db string) {
+		a, b := f.a, f.b
+		f.prepare(b, "s1", "SELECT 1")
+		pl := a.StartPipeline(f.ctx)
+		pl.SendQueryParams("SELECT 1/0", nil, nil, nil, nil)
+		pl.SendPrepare("mine", "SELECT 1", nil)
+		if err := pl.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		if got := pipelineAnswers(t, pl); got != "22012" {
+			t.Fatalf("pipeline answers %q", got)
+		}
+		f.run(b, "s1", "1")
+		f.wantState(f.prepared(a, "mine"), "26000")
+		f.prepare(a, "mine", "SELECT 1")
+		f.run(a, "mine", "1")
+		f.run(b, "s1", "1")
 	})
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/leafproxy/leafproxy/internal/testenv"
 )
@@ -427,5 +428,57 @@ func TestTxPoolMaxPreparedStatements(t *testing.T) {
 	}
 	if all, _ := held(observer, ""); all > limit {
 		t.Fatalf("%d statements on the server connection after the transaction, cap %d", all, limit)
+	}
+}
+
+// TestTxPoolUnnamedStatementIsTheClients: a Bind of the unnamed statement from a client
+// that parsed none gets 26000, as from PostgreSQL, and never runs the unnamed statement
+// another client left on the same server connection (a pool of one).
+func TestTxPoolUnnamedStatementIsTheClients(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p := startProxy(t, db, inTransactionMode, func(s *Server) { s.Pooling.PoolSize = 1 })
+	ctx := testContext(t)
+	a := connect(t, p.url(db)).PgConn()
+	b := connect(t, p.url(db)).PgConn()
+	res := a.ExecParams(ctx, "SELECT 'secret of a'", nil, nil, nil, nil).Read()
+	if res.Err != nil || len(res.Rows) != 1 {
+		t.Fatalf("a: %v", res.Err)
+	}
+	for range 2 {
+		fe := b.Frontend()
+		fe.Send(&pgproto3.Bind{})
+		fe.Send(&pgproto3.Describe{ObjectType: 'P'})
+		fe.Send(&pgproto3.Execute{})
+		fe.Send(&pgproto3.Sync{})
+		if err := fe.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for {
+			msg, err := fe.Receive()
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch msg := msg.(type) {
+			case *pgproto3.ErrorResponse:
+				got = append(got, msg.Code)
+			case *pgproto3.DataRow:
+				got = append(got, string(msg.Values[0]))
+			case *pgproto3.ReadyForQuery:
+				got = append(got, string(msg.TxStatus))
+			default:
+				got = append(got, fmt.Sprintf("%T", msg))
+			}
+			if _, ok := msg.(*pgproto3.ReadyForQuery); ok {
+				break
+			}
+		}
+		if strings.Join(got, ",") != "26000,I" {
+			t.Fatalf("b's Bind of an unnamed statement it never parsed: %q", got)
+		}
+	}
+	res = a.ExecParams(ctx, "SELECT 2", nil, nil, nil, nil).Read()
+	if res.Err != nil || len(res.Rows) != 1 || string(res.Rows[0][0]) != "2" {
+		t.Fatalf("a afterwards: %v %q", res.Err, res.Rows)
 	}
 }

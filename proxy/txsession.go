@@ -518,7 +518,10 @@ func (v *pooledConn) parse(out, msg []byte, verdict queryVerdict) []byte {
 // parsed (the server then says it does not exist).
 func (v *pooledConn) ensure(out *[]byte, name string) (string, bool) {
 	if name == "" {
-		if v.unnamed != nil && v.pc.unnamed != v.unnamed {
+		switch {
+		case v.unnamed == nil:
+			*out = v.closeUnnamed(*out)
+		case v.pc.unnamed != v.unnamed:
 			*out = appendMessage(*out, clientParse, []byte{0}, v.unnamed.rest)
 			v.queue = append(v.queue, expect{kind: expInjectedParse})
 			v.pc.unnamed = v.unnamed

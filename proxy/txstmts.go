@@ -217,6 +217,16 @@ func (v *pooledConn) serverDroppedAll() {
 	v.deallocPortals = nil
 }
 
+// closeUnnamed closes the unnamed statement of pc before a Bind or Describe of the unnamed
+// statement from a client that has none: the one the server has may be another
+// client's, which the client must neither run nor see; the server answers 26000, as it
+// would have the client. Called with mu held.
+func (v *pooledConn) closeUnnamed(out []byte) []byte {
+	v.pc.unnamed = nil
+	v.queue = append(v.queue, expect{kind: expInjectedClose})
+	return appendMessage(out, clientClose, []byte{targetStatement, 0})
+}
+
 // A DEALLOCATE in the extended protocol (see txlocal.go) is the client's statement like
 // any other, but the server prepares an empty statement in its place: its Describe
 // answers as a DEALLOCATE's would (no columns), and the Execute of a portal bound to it

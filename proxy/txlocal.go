@@ -32,8 +32,9 @@ import (
 // Parse of a DEALLOCATE as the unnamed statement (psycopg sends its DEALLOCATE so) is
 // answered by the proxy as long as it deals with that statement and its portal; the rest
 // of the cycle, if any, goes to a server connection. A DEALLOCATE parsed elsewhere (a named
-// statement, inside a transaction) reaches the server, which knows no statement of the
-// client's name.
+// statement, as pgx's statement cache parses every query, or inside a transaction) is the
+// client's statement like any other, but the server prepares an empty statement in its
+// place, whose Execute's answer the proxy replaces (see txstmts.go).
 
 // noError makes discarding skip messages up to the Sync without an error of its own:
 // the error was answered already.

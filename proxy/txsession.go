@@ -42,7 +42,9 @@ import (
 //     way from one cycle to the next. A client's Close of a named statement is answered
 //     through a Close of a portal that does not exist, which the server acknowledges in
 //     order, so that the statement stays prepared for whoever else uses it; a SQL-level
-//     DEALLOCATE is answered by the proxy (see txlocal.go).
+//     DEALLOCATE, as a Query or parsed as any statement, is answered by the proxy (see
+//     txlocal.go). Past Server.MaxPreparedStatements on a connection, the least recently
+//     used statements are closed there (see txstmts.go).
 //   - Settings: the client's values of the settings the server reports (ParameterStatus)
 //     and of those it SET itself are applied, with set_config, on each server connection
 //     it borrows where they differ; what a client SET is read back from pg_settings when

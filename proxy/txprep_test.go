@@ -482,3 +482,72 @@ func TestTxPoolUnnamedStatementIsTheClients(t *testing.T) {
 		t.Fatalf("a afterwards: %v %q", res.Err, res.Rows)
 	}
 }
+
+// TestTxPoolPreparedStatementsChurn: 12 pgx clients (statement cache on) over 3 server
+// connections with max-prepared-statements 4 run 16 distinct statements in batches and
+// transactions, so that statements are closed and prepared again all the time, in the
+// middle of pipelines: every answer is right.
+func TestTxPoolPreparedStatementsChurn(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p := startProxy(t, db, inTransactionMode, func(s *Server) {
+		s.Pooling.PoolSize = 3
+		s.MaxPreparedStatements = 4
+	})
+	ctx := testContext(t)
+	errs := make(chan error, 12)
+	for c := range 12 {
+		go func() {
+			errs <- func() error {
+				conn, err := pgx.Connect(ctx, p.url(db))
+				if err != nil {
+					return err
+				}
+				defer conn.Close(context.Background())
+				query := func(k int) string { return fmt.Sprintf("SELECT $1::int + %d", k%16) }
+				for i := range 30 {
+					batch := &pgx.Batch{}
+					for j := range 3 {
+						k := c*5 + i*3 + j
+						batch.Queue(query(k), i).QueryRow(func(row pgx.Row) error {
+							var n int
+							if err := row.Scan(&n); err != nil {
+								return err
+							}
+							if n != i+k%16 {
+								return fmt.Errorf("client %d, batch %d: %s gave %d", c, i, query(k), n)
+							}
+							return nil
+						})
+					}
+					if err := conn.SendBatch(ctx, batch).Close(); err != nil {
+						return err
+					}
+					if i%5 != 0 {
+						continue
+					}
+					err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+						for k := range 6 {
+							var n int
+							if err := tx.QueryRow(ctx, query(c+i+k), -1).Scan(&n); err != nil {
+								return err
+							}
+							if n != -1+(c+i+k)%16 {
+								return fmt.Errorf("client %d, transaction %d: %s gave %d", c, i, query(c+i+k), n)
+							}
+						}
+						return nil
+					})
+					if err != nil {
+						return err
+					}
+				}
+				return nil
+			}()
+		}()
+	}
+	for range 12 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}

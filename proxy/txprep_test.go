@@ -551,3 +551,55 @@ func TestTxPoolPreparedStatementsChurn(t *testing.T) {
 		}
 	}
 }
+
+// TestTxPoolPreparedStatementsServerMemory measures what max-prepared-statements saves the
+// server: a pgx client (statement cache on) runs 2,000 distinct statements over a pool of
+// one, and the memory of the server connection's backend (pg_backend_memory_contexts) is
+// read before and after, without a cap and with the default cap of 200. The cap must keep
+// at least half of what the statements cost without it from piling up.
+func TestTxPoolPreparedStatementsServerMemory(t *testing.T) {
+	grown := map[int]int64{}
+	for _, limit := range []int{0, 200} {
+		db := testenv.NewDatabase(t)
+		p := startProxy(t, db, inTransactionMode, func(s *Server) {
+			s.Pooling.PoolSize = 1
+			s.MaxPreparedStatements = limit
+		})
+		ctx := testContext(t)
+		if _, err := connect(t, db).Exec(ctx, "CREATE TABLE orders (id int8 PRIMARY KEY, item text, qty int)"); err != nil {
+			t.Fatal(err)
+		}
+		c := connect(t, p.url(db))
+		backend := func() (bytes int64, statements int) {
+			t.Helper()
+			err := c.QueryRow(ctx, "SELECT (SELECT sum(total_bytes) FROM pg_backend_memory_contexts), (SELECT count(*) FROM pg_prepared_statements)",
+				pgx.QueryExecModeSimpleProtocol).Scan(&bytes, &statements)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return bytes, statements
+		}
+		before, _ := backend()
+		for k := range 2000 {
+			var n int
+			q := fmt.Sprintf("SELECT count(*) FROM orders WHERE id = $1 AND qty > %d AND item <> 'x'", k)
+			if err := c.QueryRow(ctx, q, int64(k)).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+		}
+		after, statements := backend()
+		grown[limit] = after - before
+		t.Logf("max-prepared-statements %d: backend memory %d KiB before, %d KiB after 2000 distinct statements, %d of them prepared",
+			limit, before/1024, after/1024, statements)
+		want := 2000
+		if limit > 0 {
+			want = limit
+		}
+		if statements != want {
+			t.Fatalf("%d statements prepared on the server connection, want %d", statements, want)
+		}
+	}
+	if grown[200] > grown[0]/2 {
+		t.Fatalf("backend memory grew by %d KiB with the cap, %d KiB without", grown[200]/1024, grown[0]/1024)
+	}
+}

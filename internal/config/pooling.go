@@ -20,9 +20,10 @@ const (
 // DefaultMaxPreparedStatements is max-prepared-statements' default, PgBouncer's since
 // 1.24: more than the statements a typical application runs, so that a connection does
 // not close and prepare its clients' statements again and again, yet a bound on what a
-// server connection holds (a statement's parse tree and cached plans, commonly some tens
-// of KiB: a few MiB per connection) when clients with statement caches (pgx keeps 512 per
-// connection) or ORMs prepare thousands of distinct statements over its life.
+// server connection holds (a statement's parse tree and plans: some 8 KiB for a simple
+// query, more for large ones and generic plans) when clients with statement caches (pgx
+// keeps 512 per connection) or ORMs prepare thousands of distinct statements over its
+// life.
 const DefaultMaxPreparedStatements = 200
 
 // Pooling holds the settings of the pools of server connections (see proxy/pool). Zero

@@ -224,7 +224,50 @@ func TestTxPoolDeallocateInTransaction(t *testing.T) {
 		}
 		f.run(a, "s5", "5")
 		f.run(b, "s1", "1")
+
+		// A DEALLOCATE query between extended-protocol messages and their Sync.
+		fe := a.Frontend()
+		fe.Send(&pgproto3.Parse{Query: "SELECT 8"})
+		fe.Send(&pgproto3.Bind{})
+		fe.Send(&pgproto3.Execute{})
+		fe.Send(&pgproto3.Query{String: "DEALLOCATE s5"})
+		fe.Send(&pgproto3.Sync{})
+		if err := fe.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		if got := receiveUntilReady(t, fe, 2); got != "ParseComplete,BindComplete,8,SELECT 1,DEALLOCATE,I,I" {
+			t.Fatalf("answers %q", got)
+		}
+		f.wantState(f.prepared(a, "s5"), "26000")
+		f.run(b, "s1", "1")
 	})
+}
+
+// receiveUntilReady reads messages up to the ready-th ReadyForQuery: the first column of
+// data rows, command tags, SQLSTATEs, transaction statuses and the other messages' names.
+func receiveUntilReady(t *testing.T, fe *pgproto3.Frontend, ready int) string {
+	t.Helper()
+	var got []string
+	for ready > 0 {
+		msg, err := fe.Receive()
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch msg := msg.(type) {
+		case *pgproto3.ErrorResponse:
+			got = append(got, msg.Code)
+		case *pgproto3.DataRow:
+			got = append(got, string(msg.Values[0]))
+		case *pgproto3.CommandComplete:
+			got = append(got, string(msg.CommandTag))
+		case *pgproto3.ReadyForQuery:
+			got = append(got, string(msg.TxStatus))
+			ready--
+		default:
+			got = append(got, strings.TrimPrefix(fmt.Sprintf("%T", msg), "*pgproto3."))
+		}
+	}
+	return strings.Join(got, ",")
 }
 
 // TestTxPoolDiscardAllPipelined: a DISCARD ALL pipelined before a Parse in the extended
@@ -453,27 +496,7 @@ func TestTxPoolUnnamedStatementIsTheClients(t *testing.T) {
 		if err := fe.Flush(); err != nil {
 			t.Fatal(err)
 		}
-		var got []string
-		for {
-			msg, err := fe.Receive()
-			if err != nil {
-				t.Fatal(err)
-			}
-			switch msg := msg.(type) {
-			case *pgproto3.ErrorResponse:
-				got = append(got, msg.Code)
-			case *pgproto3.DataRow:
-				got = append(got, string(msg.Values[0]))
-			case *pgproto3.ReadyForQuery:
-				got = append(got, string(msg.TxStatus))
-			default:
-				got = append(got, fmt.Sprintf("%T", msg))
-			}
-			if _, ok := msg.(*pgproto3.ReadyForQuery); ok {
-				break
-			}
-		}
-		if strings.Join(got, ",") != "26000,I" {
+		if got := receiveUntilReady(t, fe, 1); got != "26000,I" {
 			t.Fatalf("b's Bind of an unnamed statement it never parsed: %q", got)
 		}
 	}

@@ -206,8 +206,8 @@ type physConn struct {
 	// reported holds the lower-case names the server reports with ParameterStatus.
 	reported map[string]bool
 	// prepared holds the server-side names of the statements prepared on this connection
-	// by the proxy (see pstmtName).
-	prepared map[string]bool
+	// by the proxy (see pstmtName), most recently used first (see txstmts.go).
+	prepared preparedSet
 	// unnamed is the client statement the unnamed statement of this connection was last
 	// parsed from, nil when unknown.
 	unnamed *clientStmt
@@ -244,7 +244,6 @@ func (pc physConnector) Dial(ctx context.Context, key pool.Key) (*physConn, erro
 		br:       bufio.NewReaderSize(nc, readBufferSize),
 		params:   make(map[string]string),
 		reported: make(map[string]bool),
-		prepared: make(map[string]bool),
 	}
 	if err := p.logIn(t); err != nil {
 		nc.Close()
@@ -363,7 +362,7 @@ func (pc physConnector) Reset(ctx context.Context, p *physConn) error {
 			delete(p.params, name)
 		}
 	}
-	clear(p.prepared)
+	p.prepared.clear()
 	p.unnamed = nil
 	p.applied = false
 	for {

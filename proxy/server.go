@@ -99,6 +99,10 @@ type Server struct {
 	PoolMode PoolMode
 	// Pooling configures the pools of server connections in transaction mode.
 	Pooling pool.Settings
+	// MaxPreparedStatements is the most statements the proxy keeps prepared on a server
+	// connection in transaction mode; past it, the least recently used ones are closed
+	// there as others are prepared (see txstmts.go). Zero means no limit.
+	MaxPreparedStatements int
 
 	// Logger receives connection-level events (never per-query ones at Info or above);
 	// nil means logrus's standard logger.

@@ -1,8 +1,6 @@
 package proxy
 
 import (
-	"fmt"
-
 	pg_query "github.com/pganalyze/pg_query_go/v6"
 
 	"github.com/leafproxy/leafproxy/internal/sqlstate"
@@ -34,8 +32,9 @@ import (
 // Parse of a DEALLOCATE as the unnamed statement (psycopg sends its DEALLOCATE so) is
 // answered by the proxy as long as it deals with that statement and its portal; the rest
 // of the cycle, if any, goes to a server connection. A DEALLOCATE parsed elsewhere (a named
-// statement, inside a transaction) reaches the server, which knows no statement of the
-// client's name.
+// statement, as pgx's statement cache parses every query, or inside a transaction) is the
+// client's statement like any other, but the server prepares an empty statement in its
+// place, whose Execute's answer the proxy replaces (see txstmts.go).
 
 // noError makes discarding skip messages up to the Sync without an error of its own:
 // the error was answered already.
@@ -71,13 +70,12 @@ func (v *pooledConn) checkQuery(body []byte) queryVerdict {
 	return queryVerdict{dealloc: d}
 }
 
-// checkParse looks at the text of a Parse, like checkQuery; of a DEALLOCATE, only one
-// parsed as the unnamed statement is answered by the proxy. Called with mu held.
+// checkParse looks at the text of a Parse, like checkQuery. Called with mu held.
 func (v *pooledConn) checkParse(body []byte) queryVerdict {
 	name := zstring(body)
 	sql := zbytes(body[len(name)+1:])
 	verdict, w := v.checkText(sql)
-	if verdict.refusal != nil || !w.dealloc || name != "" {
+	if verdict.refusal != nil || !w.dealloc {
 		return verdict
 	}
 	d, _ := deallocateIn(string(sql))
@@ -144,11 +142,15 @@ func (v *pooledConn) answerIdle(typ byte, body []byte, verdict queryVerdict) boo
 	case clientParse:
 		r := verdict.refusal
 		if r == nil {
-			if verdict.dealloc == nil {
+			name := zstring(body)
+			if verdict.dealloc == nil || name != "" {
 				return false
 			}
-			// A DEALLOCATE in the extended protocol: the proxy answers the cycle.
-			v.localDealloc, v.unnamed = verdict.dealloc, nil
+			// A DEALLOCATE in the extended protocol: the proxy answers the cycle. The
+			// statement stays the client's unnamed one, for a Bind in a later cycle.
+			v.localDealloc = verdict.dealloc
+			v.unnamed = deallocStmt(body[len(name)+1:], verdict.dealloc)
+			v.trackExecutes = true
 			v.synth = append(v.synth, serverParseComplete, 0, 0, 0, 4)
 			break
 		}
@@ -164,9 +166,6 @@ func (v *pooledConn) answerIdle(typ byte, body []byte, verdict queryVerdict) boo
 	return true
 }
 
-// deallocateInTransaction handles a DEALLOCATE while the session holds pc: it appends the
-// empty Query whose answer the proxy replaces, or returns the error that fails the
-// transaction through the stand-in. Called with mu held.
 // answerLocalCycle answers a message of an extended-protocol cycle that began with the
 // Parse of a DEALLOCATE as the unnamed statement, while it only deals with that
 // statement and its unnamed portal; it reports whether it did. Called with mu held.
@@ -211,9 +210,12 @@ func (v *pooledConn) answerLocalCycle(typ byte, body []byte) bool {
 	return true
 }
 
+// deallocateInTransaction handles a DEALLOCATE while the session holds pc: it appends the
+// empty Query whose answer the proxy replaces, or returns the error that fails the
+// transaction through the stand-in. Called with mu held.
 func (v *pooledConn) deallocateInTransaction(out []byte, d *deallocation) ([]byte, []byte) {
 	if !d.all && v.stmts[d.name] == nil {
-		return out, errorMessage(sqlstate.InvalidSQLStatementName, fmt.Sprintf("prepared statement %q does not exist", d.name), "")
+		return out, unknownStatement(d.name)
 	}
 	v.outstanding++
 	v.queries++
@@ -233,7 +235,7 @@ func (v *pooledConn) deallocate(d *deallocation, status byte) []byte {
 		return appendCommandComplete(nil, "DEALLOCATE ALL")
 	}
 	if v.stmts[d.name] == nil {
-		return errorMessage(sqlstate.InvalidSQLStatementName, fmt.Sprintf("prepared statement %q does not exist", d.name), "")
+		return unknownStatement(d.name)
 	}
 	delete(v.stmts, d.name)
 	return appendCommandComplete(nil, "DEALLOCATE")

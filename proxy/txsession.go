@@ -42,7 +42,9 @@ import (
 //     way from one cycle to the next. A client's Close of a named statement is answered
 //     through a Close of a portal that does not exist, which the server acknowledges in
 //     order, so that the statement stays prepared for whoever else uses it; a SQL-level
-//     DEALLOCATE is answered by the proxy (see txlocal.go).
+//     DEALLOCATE, as a Query or parsed as any statement, is answered by the proxy (see
+//     txlocal.go). Past Server.MaxPreparedStatements on a connection, the least recently
+//     used statements are closed there (see txstmts.go).
 //   - Settings: the client's values of the settings the server reports (ParameterStatus)
 //     and of those it SET itself are applied, with set_config, on each server connection
 //     it borrows where they differ; what a client SET is read back from pg_settings when
@@ -72,10 +74,12 @@ var notCarried = map[string]bool{
 const captureSQL = "SELECT name, pg_catalog.current_setting(name) FROM pg_catalog.pg_settings WHERE source = 'session' UNION ALL SELECT 'role', pg_catalog.current_setting('role') WHERE pg_catalog.current_setting('role') <> 'none'"
 
 // clientStmt is a statement the client parsed: the body of its Parse after the name
-// (query, parameter types) and the name it has at the server.
+// (query, parameter types) and the name it has at the server; dealloc, for the Parse of
+// a DEALLOCATE, what it deallocates (rest is then an empty statement's, see txstmts.go).
 type clientStmt struct {
-	rest  []byte
-	sname string
+	rest    []byte
+	sname   string
+	dealloc *deallocation
 }
 
 // pstmtName is the server-side name of a statement: a digest of its text and parameter
@@ -96,19 +100,28 @@ const (
 	expSync                                // Sync: ReadyForQuery
 	expQuery                               // Query or FunctionCall: ReadyForQuery
 	expInjectedQuery                       // the proxy's Query (settings): everything up to ReadyForQuery, swallowed
+	expExecute                             // the client's Execute, once it parsed a DEALLOCATE (see txstmts.go)
 )
 
 // expect is an answer the proxy expects from the server, in order (see pooledConn.queue).
 type expect struct {
 	kind expectKind
-	// name is the server-side statement of a Parse ("" for the unnamed one), client
-	// the client's name of the statement of its own Parse.
+	// name is the server-side statement of a Parse or of the proxy's Close ("" for the
+	// unnamed one), client the client's name of the statement of its own Parse or Close.
 	name, client string
+	// was: the proxy's Close closes a statement that was prepared (restored when the
+	// server skips the Close); stmt: the client's statement its Close forgot.
+	was  bool
+	stmt *clientStmt
+	// dropped: the client's statements the DEALLOCATE of an Execute forgot (restored when
+	// the server skips the Execute).
+	dropped map[string]*clientStmt
 	// refusal replaces the server's error for a refused statement's stand-in.
 	refusal []byte
 	// capture: the injected query is captureSQL.
 	capture bool
-	// dealloc: the empty Query in the place of a DEALLOCATE (see txlocal.go).
+	// dealloc: the empty Query in the place of a DEALLOCATE (see txlocal.go), or the
+	// Execute of a portal of a DEALLOCATE's statement (see txstmts.go).
 	dealloc *deallocation
 }
 
@@ -167,6 +180,11 @@ type pooledConn struct {
 	customSQL string
 	// localDealloc is the DEALLOCATE of an extended-protocol cycle the proxy answers.
 	localDealloc *deallocation
+	// deallocPortals holds the portals bound to a DEALLOCATE's statement while the
+	// session holds a connection; trackExecutes: the session parsed a DEALLOCATE, so each
+	// Execute's answer is awaited (see txstmts.go).
+	deallocPortals map[string]*deallocation
+	trackExecutes  bool
 	// paramsKey stands for params, interned (see settingsKey); keyOK: it is up to date.
 	paramsKey unique.Handle[string]
 	keyOK     bool
@@ -531,7 +549,7 @@ func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte
 	}
 	switch typ {
 	case clientQuery:
-		if verdict.dealloc != nil && !v.unsynced {
+		if verdict.dealloc != nil {
 			var r []byte
 			if out, r = v.deallocateInTransaction(out, verdict.dealloc); r == nil {
 				return out, pc, nil
@@ -559,7 +577,7 @@ func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte
 		v.queue = append(v.queue, expect{kind: expSync})
 	case clientParse:
 		v.unsynced = true
-		return v.parse(out, msg, verdict.refusal), pc, nil
+		return v.parse(out, msg, verdict), pc, nil
 	case clientBind:
 		v.unsynced = true
 		return v.bind(out, msg), pc, nil
@@ -576,14 +594,21 @@ func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte
 		if len(body) >= 2 && body[0] == targetStatement {
 			name := zstring(body[1:])
 			if name != "" {
+				v.queue = append(v.queue, expect{kind: expClose, client: name, stmt: v.stmts[name]})
 				delete(v.stmts, name)
-				v.queue = append(v.queue, expect{kind: expClose})
 				return appendMessage(out, clientClose, []byte{targetPortal}, []byte(noPortal), []byte{0}), pc, nil
 			}
 			v.unnamed, pc.unnamed = nil, nil
+		} else if len(body) >= 2 {
+			delete(v.deallocPortals, zstring(body[1:]))
 		}
 		v.queue = append(v.queue, expect{kind: expClose})
-	case clientExecute, clientFlush:
+	case clientExecute:
+		v.unsynced = true
+		if v.trackExecutes {
+			return v.execute(out, msg), pc, nil
+		}
+	case clientFlush:
 		v.unsynced = true
 	}
 	return append(out, msg...), pc, nil
@@ -594,12 +619,12 @@ func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte
 const noPortal = "leafproxy no portal"
 
 // parse handles a Parse: the statement is the client's, prepared at the server under its
-// server-side name. refusal, when not nil, refuses it (see checkParse).
-func (v *pooledConn) parse(out, msg, refusal []byte) []byte {
+// server-side name. verdict refuses it, or makes it a DEALLOCATE's (see checkParse).
+func (v *pooledConn) parse(out, msg []byte, verdict queryVerdict) []byte {
 	body := msg[5:]
 	name := zstring(body)
 	rest := body[len(name)+1:]
-	r := refusal
+	r := verdict.refusal
 	if r == nil && name != "" && v.stmts[name] != nil {
 		r = errorMessage(sqlstate.DuplicatePreparedStatement, fmt.Sprintf("prepared statement %q already exists", name), "")
 	}
@@ -610,21 +635,32 @@ func (v *pooledConn) parse(out, msg, refusal []byte) []byte {
 		v.queue = append(v.queue, expect{kind: expParse, refusal: r})
 		return appendMessage(out, clientParse, standInParseNamed)
 	}
-	st := &clientStmt{rest: append([]byte(nil), rest...)}
+	var st *clientStmt
+	if verdict.dealloc != nil {
+		st = deallocStmt(rest, verdict.dealloc)
+		v.trackExecutes = true
+	} else {
+		st = &clientStmt{rest: append([]byte(nil), rest...)}
+	}
 	if name == "" {
 		v.unnamed, v.pc.unnamed = st, st
 		v.queue = append(v.queue, expect{kind: expParse})
+		if st.dealloc != nil {
+			return appendMessage(out, clientParse, []byte{0}, st.rest)
+		}
 		return append(out, msg...)
 	}
-	st.sname = pstmtName(rest)
+	st.sname = pstmtName(st.rest)
 	v.stmts[name] = st
-	if v.pc.prepared[st.sname] {
+	if v.pc.prepared.has(st.sname) {
 		// Prepared here by this client or another: parse it again, so that the client
 		// gets the server's own answer to its Parse.
+		v.pc.prepared.remove(st.sname)
 		out = appendMessage(out, clientClose, []byte{targetStatement}, []byte(st.sname), []byte{0})
-		v.queue = append(v.queue, expect{kind: expInjectedClose})
+		v.queue = append(v.queue, expect{kind: expInjectedClose, name: st.sname, was: true})
 	}
-	v.pc.prepared[st.sname] = true
+	out = v.makeRoom(out)
+	v.pc.prepared.use(st.sname)
 	v.queue = append(v.queue, expect{kind: expParse, name: st.sname, client: name})
 	return appendMessage(out, clientParse, []byte(st.sname), []byte{0}, st.rest)
 }
@@ -634,7 +670,10 @@ func (v *pooledConn) parse(out, msg, refusal []byte) []byte {
 // parsed (the server then says it does not exist).
 func (v *pooledConn) ensure(out *[]byte, name string) (string, bool) {
 	if name == "" {
-		if v.unnamed != nil && v.pc.unnamed != v.unnamed {
+		switch {
+		case v.unnamed == nil:
+			*out = v.closeUnnamed(*out)
+		case v.pc.unnamed != v.unnamed:
 			*out = appendMessage(*out, clientParse, []byte{0}, v.unnamed.rest)
 			v.queue = append(v.queue, expect{kind: expInjectedParse})
 			v.pc.unnamed = v.unnamed
@@ -645,11 +684,12 @@ func (v *pooledConn) ensure(out *[]byte, name string) (string, bool) {
 	if st == nil {
 		return "", false
 	}
-	if !v.pc.prepared[st.sname] {
+	if !v.pc.prepared.has(st.sname) {
+		*out = v.makeRoom(*out)
 		*out = appendMessage(*out, clientParse, []byte(st.sname), []byte{0}, st.rest)
 		v.queue = append(v.queue, expect{kind: expInjectedParse, name: st.sname})
-		v.pc.prepared[st.sname] = true
 	}
+	v.pc.prepared.use(st.sname)
 	return st.sname, true
 }
 
@@ -660,6 +700,13 @@ func (v *pooledConn) bind(out, msg []byte) []byte {
 	rest := body[len(portal)+1:]
 	name := zstring(rest)
 	sname, ok := v.ensure(&out, name)
+	if v.trackExecutes {
+		st := v.unnamed
+		if name != "" {
+			st = v.stmts[name]
+		}
+		v.bindPortal(portal, st)
+	}
 	if !ok || name == "" {
 		return append(out, msg...)
 	}
@@ -873,8 +920,10 @@ func (v *pooledConn) serverMessage(msg []byte) {
 				return
 			}
 		}
-	case serverEmptyQueryResponse:
-		if front != nil && front.dealloc != nil {
+	case serverEmptyQueryResponse, serverPortalSuspended:
+		if front != nil && front.kind == expExecute {
+			msg = v.executed(front, msg)
+		} else if front != nil && front.dealloc != nil && typ == serverEmptyQueryResponse {
 			msg = v.deallocate(front.dealloc, v.txStatus)
 		}
 	case serverErrorResponse:
@@ -884,38 +933,20 @@ func (v *pooledConn) serverMessage(msg []byte) {
 			}
 		}
 		if front != nil && front.kind != expQuery && front.kind != expSync {
-			// The server skips to the Sync: forget what it will not answer, and the
-			// statements it did not prepare.
-			for len(v.queue) > 0 && v.queue[0].kind != expSync {
-				if e := v.queue[0]; e.kind == expParse || e.kind == expInjectedParse {
-					switch {
-					case e.refusal != nil: // a stand-in: nothing to forget
-					case e.name != "":
-						delete(pc.prepared, e.name)
-					default:
-						pc.unnamed = nil
-					}
-					if e.kind == expParse && e.refusal == nil {
-						// The client's statement was not created.
-						if e.client != "" {
-							delete(v.stmts, e.client)
-						} else {
-							v.unnamed = nil
-						}
-					}
-				}
-				v.queue = v.queue[1:]
-			}
+			// The server skips to the Sync: forget what it will not answer, and what
+			// the proxy noted of the messages it does not run.
+			v.skipToSync()
 		}
 	case serverCommandComplete:
 		switch tag := zstring(body); {
 		case tag == "SET" || tag == "RESET":
 			v.needCapture = true
 		case tag == "DISCARD ALL" || tag == "DEALLOCATE ALL":
-			clear(pc.prepared)
-			clear(v.stmts)
-			pc.unnamed, v.unnamed = nil, nil
+			v.serverDroppedAll()
 			v.needCapture = true
+		}
+		if front != nil && front.kind == expExecute {
+			msg = v.executed(front, msg)
 		}
 	case serverReadyForQuery:
 		for len(v.queue) > 0 {

@@ -100,6 +100,8 @@ func (v *pooledConn) afterReady(body []byte) {
 		return
 	}
 	v.readerOn = false
+	v.pc.prepared.endBorrow()
+	v.deallocPortals = nil
 	if v.writers == 0 {
 		v.giveBack(pool.Clean)
 	} else {

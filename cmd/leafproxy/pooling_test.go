@@ -73,6 +73,33 @@ func TestTransactionPoolWiring(t *testing.T) {
 	}
 }
 
+// TestMaxPreparedStatementsWiring: serve --max-prepared-statements 3 keeps at most 3 of
+// a pgx client's cached statements on the one server connection of a pool of one.
+func TestMaxPreparedStatementsWiring(t *testing.T) {
+	t.Parallel()
+	dsn := newStore(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	s := startServe(t, nil, serveArgs(t, dsn, 14, "--pool-mode", "transaction", "--pool-size", "1", "--auth-type", "trust",
+		"--max-prepared-statements", "3")...)
+	waitReady(s)
+	conn, err := pgx.Connect(ctx, proxyURL(t, dsn, s.listen))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	for k := range 8 {
+		var got int
+		if err := conn.QueryRow(ctx, fmt.Sprintf("SELECT $1::int + %d", k), 1).Scan(&got); err != nil || got != k+1 {
+			t.Fatalf("statement %d: %d, %v", k, got, err)
+		}
+	}
+	var held int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_prepared_statements", pgx.QueryExecModeSimpleProtocol).Scan(&held); err != nil || held != 3 {
+		t.Fatalf("%d statements on the server connection (%v), want 3", held, err)
+	}
+}
+
 // TestPoolSettingsReloadOnSIGHUP: a changed pool-size applies to the running pools on
 // SIGHUP.
 func TestPoolSettingsReloadOnSIGHUP(t *testing.T) {

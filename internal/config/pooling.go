@@ -17,6 +17,15 @@ const (
 	PoolModeTransaction = "transaction"
 )
 
+// DefaultMaxPreparedStatements is max-prepared-statements' default, PgBouncer's since
+// 1.24: more than the statements a typical application runs, so that a connection does
+// not close and prepare its clients' statements again and again, yet a bound on what a
+// server connection holds (a statement's parse tree and plans: some 8 KiB for a simple
+// query, more for large ones and generic plans) when clients with statement caches (pgx
+// keeps 512 per connection) or ORMs prepare thousands of distinct statements over its
+// life.
+const DefaultMaxPreparedStatements = 200
+
 // Pooling holds the settings of the pools of server connections (see proxy/pool). Zero
 // sizes and durations take the pool's defaults (PgBouncer's); a negative duration
 // disables the timeout it names.
@@ -28,6 +37,9 @@ type Pooling struct {
 	ServerLifetime    time.Duration `yaml:"server-lifetime"`
 	QueryWaitTimeout  time.Duration `yaml:"query-wait-timeout"`
 	MaxDBConnections  int           `yaml:"max-db-connections"`
+	// MaxPreparedStatements is the most statements the proxy keeps prepared on a server
+	// connection in transaction mode (PgBouncer's max_prepared_statements); 0: no limit.
+	MaxPreparedStatements int `yaml:"max-prepared-statements"`
 }
 
 func init() {
@@ -46,6 +58,8 @@ func init() {
 			field: func(c *Config) any { return &c.QueryWaitTimeout }},
 		setting{name: "max-db-connections", arg: "N", usage: "most server connections per database across its users; 0: no limit",
 			field: func(c *Config) any { return &c.MaxDBConnections }, check: checkNotNegative(func(c *Config) int { return c.MaxDBConnections })},
+		setting{name: "max-prepared-statements", arg: "N", usage: "most statements kept prepared on a server connection in transaction mode; past it the least recently used are closed there (default 200; 0: no limit)",
+			field: func(c *Config) any { return &c.MaxPreparedStatements }, check: checkNotNegative(func(c *Config) int { return c.MaxPreparedStatements })},
 		setting{name: "users", alias: "user", arg: "NAME=SETTINGS", repeat: true, usage: "pool settings of the user NAME, as a PgBouncer [users] line: pool_mode=session|transaction pool_size=N; they win over the database's and the global ones; repeatable",
 			field: func(c *Config) any { return &c.Users }, check: checkUsers},
 	)

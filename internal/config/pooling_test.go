@@ -124,6 +124,7 @@ func TestPoolKeysErrors(t *testing.T) {
 		{flags: []string{"--user", "alice=pool_size=2", "--user", "alice=pool_size=3"}, want: []string{`user "alice" is given twice`}},
 		{file: "users:\n  alice: \"\"\n", want: []string{"users: line 2", `user "alice" sets nothing`}},
 		{file: "users: [alice]\n", want: []string{"users", "want a mapping of user names"}},
+		{flags: []string{"--max-prepared-statements", "-1"}, want: []string{"max-prepared-statements", "-1 must not be negative"}},
 	} {
 		env := scramEnv()
 		if tc.env != nil {
@@ -167,6 +168,37 @@ func TestSessionEntriesNeedNoProxyAuth(t *testing.T) {
 		}
 		if !c.UsesTransactionMode() {
 			t.Errorf("%q: UsesTransactionMode false", args)
+		}
+	}
+}
+
+// TestMaxPreparedStatements: max-prepared-statements is PgBouncer's 200 unless set, from
+// the file, the environment or a flag, and 0 (no limit) is allowed.
+func TestMaxPreparedStatements(t *testing.T) {
+	c, err := load(t, "", scramEnv())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.MaxPreparedStatements != DefaultMaxPreparedStatements || DefaultMaxPreparedStatements != 200 {
+		t.Fatalf("default: %d", c.MaxPreparedStatements)
+	}
+	env := scramEnv()
+	env["LEAFPROXY_MAX_PREPARED_STATEMENTS"] = "50"
+	for _, tc := range []struct {
+		file  string
+		env   map[string]string
+		flags []string
+		want  int
+	}{
+		{file: "max-prepared-statements: 0\n", env: scramEnv(), want: 0},
+		{file: "max-prepared-statements: 1000\n", env: env, want: 50},
+		{file: "max-prepared-statements: 1000\n", env: env, flags: []string{"--max-prepared-statements", "7"}, want: 7},
+	} {
+		c, err := load(t, tc.file, tc.env, tc.flags...)
+		if err != nil {
+			t.Errorf("%q %q: %v", tc.file, tc.flags, err)
+		} else if c.MaxPreparedStatements != tc.want {
+			t.Errorf("%q %q: %d, want %d", tc.file, tc.flags, c.MaxPreparedStatements, tc.want)
 		}
 	}
 }

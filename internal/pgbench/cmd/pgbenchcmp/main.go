@@ -83,6 +83,8 @@ func run() error {
 	leaf := flag.Bool("leaf", true, "add the ID rows: leaf_next vs nextval, filled INSERT vs bigserial")
 	noBouncer := flag.Bool("no-pgbouncer", false, "leave PgBouncer out")
 	goroutines := flag.Bool("goroutine-relay", false, "add a select-only column for leafproxy with its event loops turned off (a goroutine pair per session)")
+	otherBin := flag.String("other-bin", "", "add a select-only column for another leafproxy binary started the same way, run interleaved with this module's build: an A/B comparison of two builds")
+	bare := flag.Bool("bare", true, "add the select-only column of the bare relay")
 	only := flag.String("groups", "", "comma-separated groups to run (select-only, select-only-unix, select-only-tls, connect, tx-pool, next-id, next-batch, insert, insert-durable); empty runs all")
 	unixSocket := flag.Bool("unix", true, "add a select-only group in which the proxy and PgBouncer reach the server over its Unix socket")
 	withTLS := flag.Bool("tls", true, "add a select-only group with TLS on every leg (the server must accept TLS)")
@@ -143,7 +145,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	h := hops{bin: bin, dbURL: dbURL, bouncer: !*noBouncer, goroutines: *goroutines}
+	h := hops{bin: bin, otherBin: *otherBin, dbURL: dbURL, bouncer: !*noBouncer, goroutines: *goroutines, bare: *bare}
 
 	tcp, err := h.selectOnly(ctx, "select-only", "", nil)
 	if err != nil {
@@ -225,8 +227,10 @@ func run() error {
 type hops struct {
 	bin        string // the leafproxy binary
 	dbURL      string
-	bouncer    bool // add PgBouncer
-	goroutines bool // add leafproxy with its event loops off
+	bouncer    bool   // add PgBouncer
+	goroutines bool   // add leafproxy with its event loops off
+	otherBin   string // add leafproxy from this binary too (empty: none)
+	bare       bool   // add the bare relay
 }
 
 // selectOnlyGroup is a started select-only group.
@@ -290,6 +294,15 @@ func (h hops) selectOnly(ctx context.Context, name, socketDir string, tlsFiles *
 		stops = append(stops, func() { _ = lg.Close() })
 		add(pgbench.Endpoint{Name: "leafproxy goroutines", URL: lg.URL(h.dbURL), CPU: lg.CPU})
 	}
+	if h.otherBin != "" {
+		lo, err := pgbench.StartLeafproxy(ctx, h.otherBin, args...)
+		if err != nil {
+			g.stop()
+			return g, err
+		}
+		stops = append(stops, func() { _ = lo.Close() })
+		add(pgbench.Endpoint{Name: "leafproxy other", URL: lo.URL(h.dbURL), CPU: lo.CPU})
+	}
 	if h.bouncer {
 		b, err := pgbench.StartPgBouncer(ctx, h.dbURL, pgbench.BouncerOptions{SocketDir: socketDir, TLS: tlsFiles})
 		if err != nil {
@@ -298,6 +311,9 @@ func (h hops) selectOnly(ctx context.Context, name, socketDir string, tlsFiles *
 		}
 		stops = append(stops, func() { _ = b.Close() })
 		add(pgbench.Endpoint{Name: "pgbouncer", URL: b.URL(h.dbURL), CPU: b.CPU})
+	}
+	if !h.bare {
+		return g, nil
 	}
 	bareURL, stopBare, err := serveBareRelay(h.dbURL, upstream, tlsFiles)
 	if err != nil {

@@ -85,6 +85,7 @@ func run() error {
 	goroutines := flag.Bool("goroutine-relay", false, "add a select-only column for leafproxy with its event loops turned off (a goroutine pair per session)")
 	otherBin := flag.String("other-bin", "", "add a select-only column for another leafproxy binary started the same way, run interleaved with this module's build: an A/B comparison of two builds")
 	bare := flag.Bool("bare", true, "add the select-only column of the bare relay")
+	direct := flag.Bool("direct", true, "add the select-only column of the server itself (without it, leafproxy is the baseline of the ratios)")
 	only := flag.String("groups", "", "comma-separated groups to run (select-only, select-only-unix, select-only-tls, connect, tx-pool, next-id, next-batch, insert, insert-durable); empty runs all")
 	unixSocket := flag.Bool("unix", true, "add a select-only group in which the proxy and PgBouncer reach the server over its Unix socket")
 	withTLS := flag.Bool("tls", true, "add a select-only group with TLS on every leg (the server must accept TLS)")
@@ -145,7 +146,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	h := hops{bin: bin, otherBin: *otherBin, dbURL: dbURL, bouncer: !*noBouncer, goroutines: *goroutines, bare: *bare}
+	h := hops{bin: bin, otherBin: *otherBin, dbURL: dbURL, bouncer: !*noBouncer, goroutines: *goroutines, bare: *bare, direct: *direct}
 
 	tcp, err := h.selectOnly(ctx, "select-only", "", nil)
 	if err != nil {
@@ -231,6 +232,7 @@ type hops struct {
 	goroutines bool   // add leafproxy with its event loops off
 	otherBin   string // add leafproxy from this binary too (empty: none)
 	bare       bool   // add the bare relay
+	direct     bool   // add the server itself
 }
 
 // selectOnlyGroup is a started select-only group.
@@ -275,7 +277,9 @@ func (h hops) selectOnly(ctx context.Context, name, socketDir string, tlsFiles *
 		e.Args = []string{"-S"}
 		g.group.Endpoints = append(g.group.Endpoints, e)
 	}
-	add(pgbench.Endpoint{Name: "direct", URL: h.dbURL})
+	if h.direct {
+		add(pgbench.Endpoint{Name: "direct", URL: h.dbURL})
+	}
 
 	args := productionArgs(h.dbURL, upstream, tlsFiles)
 	lp, err := pgbench.StartLeafproxy(ctx, h.bin, args...)

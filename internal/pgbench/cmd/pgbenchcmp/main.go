@@ -32,6 +32,10 @@
 //   - insert-durable: the same on a server with PostgreSQL's default durability
 //     (fsync, synchronous_commit and full_page_writes on) instead of the test server's.
 //
+// -other-bin adds to the select-only groups a second leafproxy binary started the same
+// way, run interleaved with this module's build: an A/B comparison of two builds, with
+// -direct=false and -bare=false leaving out the columns such a comparison does not need.
+//
 // For every hop a column gives the CPU time the hop's process spent per transaction
 // (/proc/PID/stat read before and after each pgbench run, divided by the transactions
 // pgbench reports; for the bare relay, this process's own), a cost that does not depend

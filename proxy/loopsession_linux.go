@@ -201,6 +201,13 @@ func (e *loopEnd) init(ls *loopSession, fd int, tc *tls.Conn, br *bufio.Reader) 
 	}
 }
 
+// mayHaveInput reports whether reading the side may bring bytes (or an error): not when
+// its plain socket has been read short since epoll last reported it readable and nothing
+// carried over is left. The session's reader holds whatever else there is.
+func (e *loopEnd) mayHaveInput() bool {
+	return e.src.readable || len(e.in.held) > 0 || e.tls != nil
+}
+
 // attachTLS points the side's TLS connection, if any, at the loop's reader and writer.
 // Called under conn.mu once the session is the loop's, so that nothing else uses the
 // TLS connection from then on.
@@ -344,6 +351,9 @@ func (ls *loopSession) process() {
 					}
 					continue
 				}
+			}
+			if r.br.Buffered() < 5 && !side.mayHaveInput() {
+				continue // nothing to read: spare the reader's calls down to the socket
 			}
 			typ, n, ready, tooLarge := ls.whole(r, &side.in)
 			if tooLarge {

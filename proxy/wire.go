@@ -137,6 +137,15 @@ func (r *msgReader) buffer(n int) []byte {
 
 // copyBody streams a body of n bytes to w without holding it whole.
 func (r *msgReader) copyBody(w *bufio.Writer, n int) error {
+	if n <= r.br.Buffered() {
+		// The usual case, a body already buffered whole: one copy, no loop.
+		p, _ := r.br.Peek(n)
+		if _, err := w.Write(p); err != nil {
+			return writeError{err}
+		}
+		_, _ = r.br.Discard(n)
+		return nil
+	}
 	for n > 0 {
 		if r.br.Buffered() == 0 {
 			if _, err := r.br.Peek(1); err != nil {

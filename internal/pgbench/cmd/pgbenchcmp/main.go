@@ -32,6 +32,10 @@
 //   - insert-durable: the same on a server with PostgreSQL's default durability
 //     (fsync, synchronous_commit and full_page_writes on) instead of the test server's.
 //
+// -other-bin adds to the select-only groups a second leafproxy binary started the same
+// way, run interleaved with this module's build: an A/B comparison of two builds, with
+// -direct=false and -bare=false leaving out the columns such a comparison does not need.
+//
 // For every hop a column gives the CPU time the hop's process spent per transaction
 // (/proc/PID/stat read before and after each pgbench run, divided by the transactions
 // pgbench reports; for the bare relay, this process's own), a cost that does not depend
@@ -83,6 +87,9 @@ func run() error {
 	leaf := flag.Bool("leaf", true, "add the ID rows: leaf_next vs nextval, filled INSERT vs bigserial")
 	noBouncer := flag.Bool("no-pgbouncer", false, "leave PgBouncer out")
 	goroutines := flag.Bool("goroutine-relay", false, "add a select-only column for leafproxy with its event loops turned off (a goroutine pair per session)")
+	otherBin := flag.String("other-bin", "", "add a select-only column for another leafproxy binary started the same way, run interleaved with this module's build: an A/B comparison of two builds")
+	bare := flag.Bool("bare", true, "add the select-only column of the bare relay")
+	direct := flag.Bool("direct", true, "add the select-only column of the server itself (without it, leafproxy is the baseline of the ratios)")
 	only := flag.String("groups", "", "comma-separated groups to run (select-only, select-only-unix, select-only-tls, connect, tx-pool, next-id, next-batch, insert, insert-durable); empty runs all")
 	unixSocket := flag.Bool("unix", true, "add a select-only group in which the proxy and PgBouncer reach the server over its Unix socket")
 	withTLS := flag.Bool("tls", true, "add a select-only group with TLS on every leg (the server must accept TLS)")
@@ -143,7 +150,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	h := hops{bin: bin, dbURL: dbURL, bouncer: !*noBouncer, goroutines: *goroutines}
+	h := hops{bin: bin, otherBin: *otherBin, dbURL: dbURL, bouncer: !*noBouncer, goroutines: *goroutines, bare: *bare, direct: *direct}
 
 	tcp, err := h.selectOnly(ctx, "select-only", "", nil)
 	if err != nil {
@@ -225,8 +232,11 @@ func run() error {
 type hops struct {
 	bin        string // the leafproxy binary
 	dbURL      string
-	bouncer    bool // add PgBouncer
-	goroutines bool // add leafproxy with its event loops off
+	bouncer    bool   // add PgBouncer
+	goroutines bool   // add leafproxy with its event loops off
+	otherBin   string // add leafproxy from this binary too (empty: none)
+	bare       bool   // add the bare relay
+	direct     bool   // add the server itself
 }
 
 // selectOnlyGroup is a started select-only group.
@@ -271,7 +281,9 @@ func (h hops) selectOnly(ctx context.Context, name, socketDir string, tlsFiles *
 		e.Args = []string{"-S"}
 		g.group.Endpoints = append(g.group.Endpoints, e)
 	}
-	add(pgbench.Endpoint{Name: "direct", URL: h.dbURL})
+	if h.direct {
+		add(pgbench.Endpoint{Name: "direct", URL: h.dbURL})
+	}
 
 	args := productionArgs(h.dbURL, upstream, tlsFiles)
 	lp, err := pgbench.StartLeafproxy(ctx, h.bin, args...)
@@ -290,6 +302,15 @@ func (h hops) selectOnly(ctx context.Context, name, socketDir string, tlsFiles *
 		stops = append(stops, func() { _ = lg.Close() })
 		add(pgbench.Endpoint{Name: "leafproxy goroutines", URL: lg.URL(h.dbURL), CPU: lg.CPU})
 	}
+	if h.otherBin != "" {
+		lo, err := pgbench.StartLeafproxy(ctx, h.otherBin, args...)
+		if err != nil {
+			g.stop()
+			return g, err
+		}
+		stops = append(stops, func() { _ = lo.Close() })
+		add(pgbench.Endpoint{Name: "leafproxy other", URL: lo.URL(h.dbURL), CPU: lo.CPU})
+	}
 	if h.bouncer {
 		b, err := pgbench.StartPgBouncer(ctx, h.dbURL, pgbench.BouncerOptions{SocketDir: socketDir, TLS: tlsFiles})
 		if err != nil {
@@ -298,6 +319,9 @@ func (h hops) selectOnly(ctx context.Context, name, socketDir string, tlsFiles *
 		}
 		stops = append(stops, func() { _ = b.Close() })
 		add(pgbench.Endpoint{Name: "pgbouncer", URL: b.URL(h.dbURL), CPU: b.CPU})
+	}
+	if !h.bare {
+		return g, nil
 	}
 	bareURL, stopBare, err := serveBareRelay(h.dbURL, upstream, tlsFiles)
 	if err != nil {

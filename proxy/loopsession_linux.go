@@ -203,9 +203,11 @@ func (e *loopEnd) init(ls *loopSession, fd int, tc *tls.Conn, br *bufio.Reader) 
 
 // mayHaveInput reports whether reading the side may bring bytes (or an error): not when
 // its plain socket has been read short since epoll last reported it readable and nothing
-// carried over is left. The session's reader holds whatever else there is.
+// carried over is left. The session's reader holds whatever else there is. The server
+// side of a session in transaction mode reads its pooledConn, which may hold answers of
+// the proxy's own: it is always read.
 func (e *loopEnd) mayHaveInput() bool {
-	return e.src.readable || len(e.in.held) > 0 || e.tls != nil
+	return e.src.readable || len(e.in.held) > 0 || e.tls != nil || (e.ls.tx != nil && e == &e.ls.upstream)
 }
 
 // attachTLS points the side's TLS connection, if any, at the loop's reader and writer.

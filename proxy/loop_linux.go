@@ -204,6 +204,11 @@ type eventLoop struct {
 	lastToken loopToken
 	again     []*loopSession            // sessions that ran out of budget with work left
 	timed     map[*loopSession]struct{} // sessions waiting for a deadline
+	// quiet holds sessions in transaction mode found quiet at the end of a turn, whose
+	// buffers go back once they have stayed so for a look of sweepQuiet; lastSweep is
+	// when it last looked.
+	quiet     []*loopSession
+	lastSweep time.Time
 }
 
 func newEventLoop(g *loopGroup, slot int) (*eventLoop, error) {
@@ -318,14 +323,18 @@ func (l *eventLoop) run() {
 		switch {
 		case len(l.again) > 0:
 			timeout = 0
-		case len(l.timed) > 0:
+		case len(l.timed) > 0 || len(l.quiet) > 0:
 			timeout = int(loopIdleWait / time.Millisecond)
 		case l.idle.Load():
 			timeout = int(loopLinger / time.Millisecond)
 		}
 		// The clock is read every few turns only: a turn takes microseconds.
 		if turn%loopYieldTurns == 0 {
-			if now := time.Now(); now.Sub(lastYield) >= loopYieldEvery {
+			now := time.Now()
+			if now.Sub(l.lastSweep) >= loopIdleWait {
+				l.sweepQuiet(now)
+			}
+			if now.Sub(lastYield) >= loopYieldEvery {
 				// A goroutine that the scheduler never sees switch for 10 ms is taken for a
 				// runaway: the runtime preempts it and takes its processor at its next
 				// system call, and its monitor thread polls every 20 µs for a while after.
@@ -336,6 +345,9 @@ func (l *eventLoop) run() {
 			}
 		}
 		n, err := unix.EpollWait(l.epfd, events, timeout)
+		if n == 0 && err == nil && len(l.quiet) > 0 {
+			l.sweepQuiet(time.Now())
+		}
 		if n == 0 && err == nil && l.idle.Load() {
 			l.group.stopIfIdle(l)
 			continue

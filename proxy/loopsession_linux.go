@@ -54,6 +54,8 @@ type loopSession struct {
 	// session mode; bare: it has given its buffers back while quiet.
 	tx   *pooledConn
 	bare bool
+	// inQuiet: in the loop's quiet list; stillQuiet: no message since the list's last look.
+	inQuiet, stillQuiet bool
 }
 
 // loopEnd is one of a loop session's two sockets.
@@ -205,9 +207,12 @@ func (e *loopEnd) init(ls *loopSession, fd int, tc *tls.Conn, br *bufio.Reader) 
 // its plain socket has been read short since epoll last reported it readable and nothing
 // carried over is left. The session's reader holds whatever else there is. The server
 // side of a session in transaction mode reads its pooledConn, which may hold answers of
-// the proxy's own: it is always read.
+// the proxy's own (see pooledConn.inputAtHand).
 func (e *loopEnd) mayHaveInput() bool {
-	return e.src.readable || len(e.in.held) > 0 || e.tls != nil || (e.ls.tx != nil && e == &e.ls.upstream)
+	if e.ls.tx != nil && e == &e.ls.upstream {
+		return len(e.in.held) > 0 || e.ls.tx.inputAtHand()
+	}
+	return e.src.readable || len(e.in.held) > 0 || e.tls != nil
 }
 
 // attachTLS points the side's TLS connection, if any, at the loop's reader and writer.
@@ -325,6 +330,7 @@ func (ls *loopSession) process() {
 	}
 	c := ls.c
 	if ls.tx != nil {
+		ls.stillQuiet = false
 		ls.takeBuffers()
 		if ls.tx.awaiting && ls.tx.pump() != nil {
 			ls.serverFailed()
@@ -415,8 +421,9 @@ func (ls *loopSession) process() {
 		ls.loop.again = append(ls.loop.again, ls)
 	}
 	ls.rewatch()
-	if ls.tx != nil && !ls.dead && ls.txQuiet() {
-		ls.putBuffers()
+	if ls.tx != nil && !ls.inQuiet && !ls.dead && ls.txQuiet() {
+		ls.inQuiet = true
+		ls.loop.quiet = append(ls.loop.quiet, ls)
 	}
 }
 
@@ -663,8 +670,9 @@ func (ls *loopSession) whenQuiet(f func() bool) {
 		}
 		if f() {
 			ls.finish()
-		} else if ls.tx != nil && ls.txQuiet() {
-			ls.putBuffers()
+		} else if ls.tx != nil && !ls.inQuiet && ls.txQuiet() {
+			ls.inQuiet = true
+			ls.loop.quiet = append(ls.loop.quiet, ls)
 		}
 	})
 }

@@ -24,6 +24,7 @@ type physIO struct {
 	src    fdSource
 	sink   fdSink
 	onLoop bool // a loop session holds it: Read and Write never block
+	tls    bool // TLS runs over it
 
 	readDeadline, writeDeadline time.Time
 	closed                      atomic.Bool
@@ -44,6 +45,7 @@ func (p *physConn) loopNative() error {
 	x := &physIO{src: fdSource{fd: fd}, sink: fdSink{fd: fd}, local: sock.LocalAddr(), remote: sock.RemoteAddr()}
 	held := bufferedCopy(p.br)
 	if tc != nil {
+		x.tls = true
 		t := tc.NetConn().(*tlsTransport)
 		t.r, t.w = x, x
 		p.br = bufio.NewReaderSize(&endReader{held: held, stream: tc}, readBufferSize)

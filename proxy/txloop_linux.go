@@ -3,6 +3,8 @@
 package proxy
 
 import (
+	"time"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/leafproxy/leafproxy/internal/sqlstate"
@@ -21,10 +23,11 @@ import (
 // pooledConn, and the loop stops reading the client until the pool's answer arrives
 // (posted to the loop, see pooledConn.borrow) and the messages have gone (pump).
 //
-// A session that holds no connection and has nothing in progress gives its four buffers
-// back, as a parked session does (park.go), and takes them again when its client sends
-// something: an idle session costs its socket and what it keeps for the client, and no
-// goroutine.
+// A session that holds no connection and has nothing in progress, and stays so for a
+// tenth to a fifth of a second (sweepQuiet), gives its four buffers back, as a parked
+// session does (park.go), and takes them again when its client sends something: an idle
+// session costs its socket and what it keeps for the client, and no goroutine. A busy
+// session keeps its buffers from one transaction to the next.
 
 // txOnLoops reports whether transaction-mode sessions are served by event loops, and
 // the pool's connections therefore live outside the runtime's poller (physIO).
@@ -150,6 +153,42 @@ func (ls *loopSession) txQuiet() bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return v.quietLocked() && !v.awaiting && v.wait == nil && !v.granted
+}
+
+// sweepQuiet gives back the buffers of the sessions in the quiet list that have stayed
+// quiet since its last look, and marks the others still quiet for the next.
+func (l *eventLoop) sweepQuiet(now time.Time) {
+	l.lastSweep = now
+	kept := l.quiet[:0]
+	for _, ls := range l.quiet {
+		switch {
+		case ls.dead || ls.bare || ls.detached || !ls.txQuiet():
+			ls.inQuiet = false
+		case ls.stillQuiet:
+			ls.putBuffers()
+			ls.inQuiet = false
+		default:
+			ls.stillQuiet = true
+			kept = append(kept, ls)
+		}
+	}
+	clear(l.quiet[len(kept):])
+	l.quiet = kept
+}
+
+// inputAtHand reports whether the pooledConn's Read may bring something now, or an error:
+// answers of the proxy's own, or a borrowed connection with input buffered, its socket
+// readable, or TLS (whose layer may hold input the socket does not show). Called by the
+// session's loop, whose goroutine alone changes the fields it reads.
+func (v *pooledConn) inputAtHand() bool {
+	if v.roff < len(v.rout) || len(v.synth) > 0 {
+		return true
+	}
+	pc := v.pc
+	if pc == nil || !v.readerOn {
+		return false
+	}
+	return pc.br.Buffered() > 0 || pc.io == nil || pc.io.src.readable || pc.io.tls
 }
 
 // putBuffers gives a quiet session's buffers back.

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bufio"
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
@@ -151,8 +150,8 @@ func (c *conn) authenticateClient(params map[string]string) bool {
 	if !a.enabled() {
 		return true
 	}
-	c.cr = msgReader{br: bufio.NewReaderSize(c.client, readBufferSize), maxBody: maxAuthTokenLength}
-	c.cw = bufio.NewWriterSize(c.client, writeBufferSize)
+	c.cr = msgReader{br: takeReader(c.client), maxBody: maxAuthTokenLength}
+	c.cw = takeWriter(c.client)
 	user := params["user"]
 	if user == "" {
 		c.refuse(sqlstate.InvalidAuthorizationSpecification, "no PostgreSQL user name specified in startup packet")

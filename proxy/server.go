@@ -128,6 +128,7 @@ type Server struct {
 	routing    routing // see SetRoutes
 	loops      loopGroup
 	pooling    pooling
+	welcomes   sync.Map // pool.Key → *welcome: what new clients of a pool are told (txstartup.go)
 }
 
 func (s *Server) logger() logrus.FieldLogger {
@@ -291,13 +292,13 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	defer timer.Stop()
 	for {
 		if s.closeIdleConns() {
-			s.closePool()
+			s.closePooling()
 			return nil
 		}
 		select {
 		case <-ctx.Done():
 			s.closeAllConns()
-			s.closePool()
+			s.closePooling()
 			return ctx.Err()
 		case <-timer.C:
 			wait = min(2*wait, 100*time.Millisecond)
@@ -331,7 +332,7 @@ func (s *Server) Close() error {
 	s.mu.Unlock()
 	s.loops.close()
 	s.closeAllConns()
-	s.closePool()
+	s.closePooling()
 	return nil
 }
 
@@ -344,6 +345,14 @@ func (s *Server) closeAllConns() {
 	s.mu.Unlock()
 	for _, c := range all {
 		c.close()
+	}
+}
+
+// closePooling closes the pool of server connections and the parking lot.
+func (s *Server) closePooling() {
+	s.closePool()
+	if lot := s.existingParkLot(); lot != nil {
+		lot.close()
 	}
 }
 

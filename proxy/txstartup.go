@@ -73,7 +73,9 @@ func (c *conn) servePooled(params map[string]string) (parked bool) {
 		out, at = beginMessage(out, serverParameterStatus)
 		out = append(append(append(append(out, p.name...), 0), value...), 0)
 		out = endMessage(out, at)
-		c.noteParameterStatus(out[at+4:])
+		if p.noted {
+			c.noteParameterStatus(out[at+4:])
+		}
 	}
 	for name, value := range params {
 		switch lname := strings.ToLower(name); lname {
@@ -175,13 +177,15 @@ type welcomeParam struct {
 	name, value string
 	lname       string // name in lower case
 	carried     bool   // a client's own value of it (startup packet, SET) is carried
+	noted       bool   // the session acts on it (see conn.noteParameterStatus)
 }
 
 func newWelcome(login []paramValue) *welcome {
 	w := &welcome{params: make([]welcomeParam, len(login))}
 	for i, pv := range login {
 		lname := strings.ToLower(pv.name)
-		w.params[i] = welcomeParam{name: pv.name, value: pv.value, lname: lname, carried: !notCarried[lname]}
+		w.params[i] = welcomeParam{name: pv.name, value: pv.value, lname: lname, carried: !notCarried[lname],
+			noted: notesParameter(pv.name)}
 	}
 	return w
 }

@@ -128,7 +128,8 @@ type Server struct {
 	routing    routing // see SetRoutes
 	loops      loopGroup
 	pooling    pooling
-	welcomes   sync.Map // pool.Key → *welcome: what new clients of a pool are told (txstartup.go)
+	welcomes   sync.Map  // pool.Key → *welcome: what new clients of a pool are told (txstartup.go)
+	authConns  authConns // idle connections of the auth query (authquery.go)
 
 	// Goroutines that wait for a new connection to serve (see startConn).
 	workersOnce, stopOnce sync.Once
@@ -422,9 +423,11 @@ func (s *Server) closeAllConns() {
 	}
 }
 
-// closePooling closes the pool of server connections and the parking lot.
+// closePooling closes the pool of server connections, the parking lot and the auth
+// query's connections.
 func (s *Server) closePooling() {
 	s.closePool()
+	s.authConns.close()
 	if lot := s.existingParkLot(); lot != nil {
 		lot.close()
 	}

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/binary"
@@ -568,4 +569,26 @@ func TestAuthAtProxyAuthFileReread(t *testing.T) {
 		{"old password", "postgres", "first password", "28P01"},
 		{"new password", "postgres", "the second, longer password", ""},
 	})
+}
+
+// TestPlaintextSCRAMSecretKept: a user with a plaintext secret is checked with SCRAM
+// against a secret the proxy derives once per password (the key derivation is 4,096
+// rounds of HMAC-SHA-256), with the same salt at every login; a new password gets a new
+// secret.
+func TestPlaintextSCRAMSecretKept(t *testing.T) {
+	a := &ClientAuth{Type: AuthSCRAM}
+	first := a.scramSecret("alice", "one")
+	if want := pgauth.SCRAMSecret("one", first.Salt, first.Iterations); first.String() != want.String() {
+		t.Fatalf("secret %s is not the password's (%s)", first, want)
+	}
+	if again := a.scramSecret("alice", "one"); again.String() != first.String() {
+		t.Fatalf("second login: secret %s, want the first one %s", again, first)
+	}
+	changed := a.scramSecret("alice", "two")
+	if want := pgauth.SCRAMSecret("two", changed.Salt, changed.Iterations); changed.String() != want.String() {
+		t.Fatalf("after a new password: secret %s is not the new password's", changed)
+	}
+	if other := a.scramSecret("bob", "one"); bytes.Equal(other.Salt, first.Salt) {
+		t.Fatal("two users share a salt")
+	}
 }

@@ -209,7 +209,7 @@ func (s *Server) welcomeOf(key pool.Key) *welcome {
 
 // fetchWelcome borrows a server connection of key for the first client of key, which
 // logs one in (see Server.noteLogin for the next clients); a client that the pool cannot
-// serve is refused here, at its startup.
+// serve within the startup timeout is refused here, at its startup.
 // It returns nil when the connection is done (the client has been told why).
 func (c *conn) fetchWelcome(key pool.Key) *welcome {
 	s := c.srv
@@ -221,6 +221,11 @@ func (c *conn) fetchWelcome(key pool.Key) *welcome {
 		return nil
 	}
 	srv, err := p.Acquire(ctx, key)
+	for errors.Is(err, pool.ErrWaitTimeout) && ctx.Err() == nil {
+		// query-wait-timeout bounds a statement's wait; a startup waits for the
+		// connection being logged in as long as the startup may last.
+		srv, err = p.Acquire(ctx, key)
+	}
 	if err != nil {
 		code := sqlstate.ConnectionUnable
 		var pe *pool.Error

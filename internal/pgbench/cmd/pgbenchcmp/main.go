@@ -20,10 +20,10 @@
 //     leafproxy and PgBouncer in transaction mode, each authenticating clients itself
 //     (md5, and SCRAM for a user with a SCRAM secret), where no backend starts;
 //
-//   - tx-logins: `pgbench -c 200 -t 1 -S` (-tx-clients) through leafproxy and PgBouncer in
-//     transaction mode with md5 at the hop: every client logs in at once, runs one
-//     transaction and leaves, so that the CPU per transaction is the cost of a login in
-//     a crowd;
+//   - tx-logins: `pgbench -C -c 200 -t 5 -S` (-tx-clients) through leafproxy and PgBouncer
+//     in transaction mode with md5 at the hop: 200 clients at once, each logging in for
+//     every one of its transactions, so that the CPU per transaction is the cost of a
+//     login in a crowd;
 //
 //   - tx-pool: `pgbench -S` with 200 clients (-tx-clients) against the server directly (a
 //     backend per client), through leafproxy in transaction mode with a pool of 20 server
@@ -97,7 +97,7 @@ func run() error {
 	connect := flag.Bool("connect", true, "add a connect group: pgbench -C -S, one client, a new connection per transaction, with PostgreSQL's CPU per connection (the postmaster and its ended backends) beside the proxy's and PgBouncer's")
 	txPool := flag.Bool("tx-pool", true, "add a tx-pool group: pgbench -S with -tx-clients clients direct, through leafproxy in transaction mode and through PgBouncer in transaction mode, both with pools of -pool-size server connections")
 	txClients := flag.Int("tx-clients", 200, "clients of the tx-pool and tx-logins groups")
-	txLogins := flag.Bool("tx-logins", true, "add a tx-logins group: pgbench -c -tx-clients -t 1 -S through leafproxy and PgBouncer in transaction mode, md5 at the hop, every client logging in at once for one transaction")
+	txLogins := flag.Bool("tx-logins", true, "add a tx-logins group: pgbench -C -c -tx-clients -t 5 -S through leafproxy and PgBouncer in transaction mode, md5 at the hop, every client logging in for each of its transactions")
 	poolSize := flag.Int("pool-size", 20, "server connections of the tx-pool group's pools")
 	txDuration := flag.Duration("tx-T", 0, "duration of each tx-pool run (default: -T, at least 10s, as pgbench opens its connections within the run and 200 new backends take seconds on a loaded machine)")
 	pprofDir := flag.String("pprof-dir", "", "write a CPU profile of leafproxy over each of its tx-pool, tx-logins and transaction-mode connect runs to this directory (the profiling adds a little to its CPU figures)")

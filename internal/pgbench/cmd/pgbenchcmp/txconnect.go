@@ -17,12 +17,17 @@ type txConnectOptions struct {
 	pprofDir string
 }
 
+// loginsPerClient is how many times each client of the tx-logins group logs in, for one
+// transaction each (pgbench -C -t): enough logins per run that the CPU meter's 10 ms
+// ticks make a fine enough figure per login.
+const loginsPerClient = 5
+
 // txConnectHops are leafproxy and PgBouncer in transaction mode, both authenticating
 // clients themselves, for the cost of a login: the connect group's rows for them and the
 // tx-logins group.
 type txConnectHops struct {
 	connect []pgbench.Endpoint // pgbench -C -S through each hop, md5 and SCRAM
-	logins  pgbench.Group      // pgbench -c clients -t 1 -S through each hop, md5
+	logins  pgbench.Group      // pgbench -C -c clients -t loginsPerClient -S through each hop, md5
 	stop    func()
 }
 
@@ -126,12 +131,12 @@ func startTxConnect(ctx context.Context, h hops, o txConnectOptions) (*txConnect
 			t.connect = append(t.connect, pgbench.Endpoint{Name: "pgbouncer tx " + auth, URL: b.URL(r.url), CPU: b.CPU, Args: connectArgs})
 		}
 	}
-	t.logins = pgbench.Group{Name: "tx-logins", Clients: []int{o.clients}, Modes: []string{"simple"}, Transactions: 1}
+	t.logins = pgbench.Group{Name: "tx-logins", Clients: []int{o.clients}, Modes: []string{"simple"}, Transactions: loginsPerClient}
 	e := leaf("leafproxy tx md5", roles[0].url)
-	e.Args = []string{"-S"}
+	e.Args = connectArgs
 	t.logins.Endpoints = append(t.logins.Endpoints, e)
 	if b != nil {
-		t.logins.Endpoints = append(t.logins.Endpoints, pgbench.Endpoint{Name: "pgbouncer tx md5", URL: b.URL(roles[0].url), CPU: b.CPU, Args: []string{"-S"}})
+		t.logins.Endpoints = append(t.logins.Endpoints, pgbench.Endpoint{Name: "pgbouncer tx md5", URL: b.URL(roles[0].url), CPU: b.CPU, Args: connectArgs})
 	}
 	return t, nil
 }

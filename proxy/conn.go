@@ -87,8 +87,8 @@ func (c *conn) serve() {
 	}
 	params := startupParams(packet)
 	c.log = c.log.WithFields(logrus.Fields{"user": params["user"], "database": params["database"]})
-	packet, routed := c.route(packet, params)
-	if !routed {
+	routed, ok := c.route(packet, params)
+	if !ok {
 		return
 	}
 	if s.inShutdown.Load() {
@@ -106,10 +106,13 @@ func (c *conn) serve() {
 		return
 	}
 	if c.transactionPooling() {
-		adopted = c.servePooled(packet) // a parked session goes on without this goroutine
+		if &routed[0] != &packet[0] { // the route names another database
+			params = startupParams(routed)
+		}
+		adopted = c.servePooled(params) // a parked session goes on without this goroutine
 		return
 	}
-	if err := c.connectUpstream(packet); err != nil {
+	if err := c.connectUpstream(routed); err != nil {
 		// The client learns which address failed and how (the dial or TLS error names
 		// addresses only, never credentials), so that a wrong upstream is found from the
 		// client's side too.
@@ -204,8 +207,15 @@ func (c *conn) connectUpstream(packet []byte) error {
 	c.server = sc
 	c.mu.Unlock()
 
-	c.cr = msgReader{br: bufio.NewReaderSize(c.client, readBufferSize), maxBody: sc.r.maxBody}
-	c.cw = bufio.NewWriterSize(c.client, writeBufferSize)
+	// The buffers of the authentication exchange, when the proxy ran one, serve the
+	// session.
+	if c.cr.br == nil {
+		c.cr.br = bufio.NewReaderSize(c.client, readBufferSize)
+	}
+	c.cr.maxBody = sc.r.maxBody
+	if c.cw == nil {
+		c.cw = bufio.NewWriterSize(c.client, writeBufferSize)
+	}
 	return sc.start(packet, time.Now().Add(c.srv.startupTimeout()))
 }
 

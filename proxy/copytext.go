@@ -35,6 +35,15 @@ func (c *conn) noteParameterStatus(body []byte) {
 	c.server.timeFormat.Store(&tf)
 }
 
+// notesParameter reports whether noteParameterStatus acts on the parameter name.
+func notesParameter(name string) bool {
+	switch name {
+	case "client_encoding", "DateStyle", "TimeZone":
+		return true
+	}
+	return false
+}
+
 // zones are the time zones the server has reported, loaded once: every session learns
 // its TimeZone at startup, and reading the zone database (a file) for each would be a
 // good part of what a new connection costs.

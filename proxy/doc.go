@@ -91,7 +91,8 @@
 //
 // Sessions and their engines:
 //
-//   - server.go: Server, its listeners, session slots, Shutdown and Close.
+//   - server.go: Server, its listeners, the goroutines that serve new connections,
+//     session slots, Shutdown and Close.
 //   - conn.go: the session (conn): startup negotiation, TLS with the client, connecting
 //     its server connection, close.
 //   - serverconn.go: the server connection (serverConn).
@@ -125,7 +126,8 @@
 //     borrowing and giving back, the client's statements prepared on each connection
 //     under names of the proxy's.
 //   - txsettings.go: the client's settings carried from connection to connection.
-//   - txstartup.go: the startup of a session in transaction mode (servePooled).
+//   - txstartup.go: the startup of a session in transaction mode (servePooled), answered
+//     with the ParameterStatus values of the pool's newest login (welcome).
 //   - txrefusal.go: what transaction mode refuses with 0A000.
 //   - txlocal.go: what transaction mode answers without the database: refusals outside a
 //     transaction, SQL-level DEALLOCATE.

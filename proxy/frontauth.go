@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bufio"
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
@@ -72,7 +71,17 @@ type ClientAuth struct {
 	stamp   fileStamp
 	users   map[string]pgauth.Secret
 	mockKey []byte
+	derived map[string]derivedSecret // by user: SCRAM secrets made from plaintext passwords
 }
+
+// derivedSecret is the SCRAM secret the proxy made from a user's plaintext password.
+type derivedSecret struct {
+	password string
+	secret   pgauth.Secret
+}
+
+// maxDerivedSecrets bounds ClientAuth.derived; past it the map starts again empty.
+const maxDerivedSecrets = 4096
 
 type fileStamp struct {
 	mod  time.Time
@@ -132,6 +141,28 @@ func (a *ClientAuth) mock() []byte {
 	return a.mockKey
 }
 
+// scramSecret returns the SCRAM secret of user's plaintext password: made once, with a
+// random salt and PostgreSQL's default iteration count, and kept as long as the password
+// stays the same, so that a user with a plaintext secret costs the proxy one key
+// derivation (4,096 rounds of HMAC-SHA-256) when the password is first used, not one per
+// login, and shows the same salt at every login, as a stored secret does.
+func (a *ClientAuth) scramSecret(user, password string) *pgauth.Secret {
+	a.mu.Lock()
+	d, ok := a.derived[user]
+	a.mu.Unlock()
+	if ok && d.password == password {
+		return &d.secret
+	}
+	d = derivedSecret{password: password, secret: pgauth.NewSCRAMSecret(password)}
+	a.mu.Lock()
+	if a.derived == nil || len(a.derived) >= maxDerivedSecrets {
+		a.derived = make(map[string]derivedSecret)
+	}
+	a.derived[user] = d
+	a.mu.Unlock()
+	return &d.secret
+}
+
 // CheckAuthFile reads an auth file, for a configuration check at start.
 func CheckAuthFile(path string) error {
 	data, err := os.ReadFile(path)
@@ -151,8 +182,8 @@ func (c *conn) authenticateClient(params map[string]string) bool {
 	if !a.enabled() {
 		return true
 	}
-	c.cr = msgReader{br: bufio.NewReaderSize(c.client, readBufferSize), maxBody: maxAuthTokenLength}
-	c.cw = bufio.NewWriterSize(c.client, writeBufferSize)
+	c.cr = msgReader{br: takeReader(c.client), maxBody: maxAuthTokenLength}
+	c.cw = takeWriter(c.client)
 	user := params["user"]
 	if user == "" {
 		c.refuse(sqlstate.InvalidAuthorizationSpecification, "no PostgreSQL user name specified in startup packet")
@@ -226,7 +257,11 @@ func (c *conn) checkMD5(user string, secret *pgauth.Secret) (*pgauth.Login, erro
 }
 
 func (c *conn) checkSCRAM(a *ClientAuth, user string, secret *pgauth.Secret) (*pgauth.Login, error) {
-	s := pgauth.NewSCRAMServer(user, secret, a.mock(), c.clientBinding())
+	checked := secret
+	if secret != nil && secret.Kind == pgauth.Plain && secret.Password != "" {
+		checked = a.scramSecret(user, secret.Password)
+	}
+	s := pgauth.NewSCRAMServer(user, checked, a.mock(), c.clientBinding())
 	req := binary.BigEndian.AppendUint32(nil, pgauth.AuthSASL)
 	for _, m := range s.Mechanisms() {
 		req = append(append(req, m...), 0)

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/binary"
@@ -237,6 +238,78 @@ func TestAuthAtProxyWithAuthQuery(t *testing.T) {
 		})
 		runLogins(t, p, db, []loginCase{{"scram user", testenv.SCRAMUser, testenv.SCRAMPassword, "08001"}})
 	})
+}
+
+// TestAuthAtProxyAuthQueryConnection: the auth query runs on one connection kept from
+// login to login, not on a new connection (and backend) per login; a password changed on
+// the database takes effect at the next login all the same, and a kept connection that
+// the server has closed meanwhile is replaced without failing the login.
+func TestAuthAtProxyAuthQueryConnection(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	authUser := createAuthQueryFunction(t, db)
+	ctx := testContext(t)
+	admin := connect(t, testenv.WithUser(db, "postgres", ""))
+	// pg_hba.conf trusts a new role: only the proxy's check of the secret the query
+	// returns tells its passwords apart.
+	role := fmt.Sprintf("leaf_q_conn_%d", time.Now().UnixNano()%1e9)
+	for _, s := range []string{
+		"SET password_encryption = 'md5'",
+		"CREATE ROLE " + role + " LOGIN PASSWORD 'first'",
+	} {
+		if _, err := admin.Exec(ctx, s); err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+	}
+	t.Cleanup(func() {
+		ctx := testContext(t)
+		if c, err := pgx.Connect(ctx, testenv.WithUser(db, "postgres", "")); err == nil {
+			_, _ = c.Exec(ctx, "DROP ROLE "+role)
+			c.Close(ctx)
+		}
+	})
+	p := startProxy(t, db, func(s *Server) {
+		s.Auth = &ClientAuth{Type: AuthMD5, User: authUser, Query: testAuthQuery}
+	})
+	// authBackends returns the process IDs of the auth query's connections.
+	authBackends := func() []int {
+		t.Helper()
+		rows, err := admin.Query(ctx, "SELECT pid FROM pg_stat_activity WHERE usename = $1 AND datname = current_database()", authUser)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pids, err := pgx.CollectRows(rows, pgx.RowTo[int])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pids
+	}
+	for i := range 3 {
+		runLogins(t, p, db, []loginCase{{fmt.Sprint("login ", i+1), role, "first", ""}})
+	}
+	pids := authBackends()
+	if len(pids) != 1 {
+		t.Fatalf("%d connections of the auth user after three logins one after the other, want 1 kept: %v", len(pids), pids)
+	}
+	if _, err := admin.Exec(ctx, "SET password_encryption = 'md5'; ALTER ROLE "+role+" PASSWORD 'second'"); err != nil {
+		t.Fatal(err)
+	}
+	runLogins(t, p, db, []loginCase{
+		{"old password", role, "first", "28P01"},
+		{"new password", role, "second", ""},
+	})
+	if _, err := admin.Exec(ctx, "SELECT pg_terminate_backend($1)", pids[0]); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the auth query's backend to end", func() error {
+		if got := authBackends(); len(got) > 0 {
+			return fmt.Errorf("backends %v", got)
+		}
+		return nil
+	})
+	runLogins(t, p, db, []loginCase{{"after the kept connection was closed", role, "second", ""}})
+	if got := authBackends(); len(got) != 1 || got[0] == pids[0] {
+		t.Fatalf("auth user connections %v after the first was terminated, want one new", got)
+	}
 }
 
 // rawLogin logs in with the pgauth client over the wire and returns the type and code of
@@ -496,4 +569,26 @@ func TestAuthAtProxyAuthFileReread(t *testing.T) {
 		{"old password", "postgres", "first password", "28P01"},
 		{"new password", "postgres", "the second, longer password", ""},
 	})
+}
+
+// TestPlaintextSCRAMSecretKept: a user with a plaintext secret is checked with SCRAM
+// against a secret the proxy derives once per password (the key derivation is 4,096
+// rounds of HMAC-SHA-256), with the same salt at every login; a new password gets a new
+// secret.
+func TestPlaintextSCRAMSecretKept(t *testing.T) {
+	a := &ClientAuth{Type: AuthSCRAM}
+	first := a.scramSecret("alice", "one")
+	if want := pgauth.SCRAMSecret("one", first.Salt, first.Iterations); first.String() != want.String() {
+		t.Fatalf("secret %s is not the password's (%s)", first, want)
+	}
+	if again := a.scramSecret("alice", "one"); again.String() != first.String() {
+		t.Fatalf("second login: secret %s, want the first one %s", again, first)
+	}
+	changed := a.scramSecret("alice", "two")
+	if want := pgauth.SCRAMSecret("two", changed.Salt, changed.Iterations); changed.String() != want.String() {
+		t.Fatalf("after a new password: secret %s is not the new password's", changed)
+	}
+	if other := a.scramSecret("bob", "one"); bytes.Equal(other.Salt, first.Salt) {
+		t.Fatal("two users share a salt")
+	}
 }

@@ -14,7 +14,10 @@ import (
 // parkLot holds the parked sessions of a server (see park.go): an epoll set with the
 // client socket of each, armed for one event (EPOLLONESHOT), and one goroutine that waits
 // on it, resumes the sessions whose socket became readable, and every parkTick looks for
-// sessions to park. It runs while the server has sessions in transaction mode.
+// sessions to park. It runs while the server has sessions in transaction mode, and goes
+// on for one to two parkTicks after the last has left, so that clients that connect for
+// each transaction do not start and stop it (an epoll set, an eventfd and a goroutine)
+// every time.
 //
 // A socket stays in the epoll set, disarmed, after its event; closing it removes it, so
 // the lot never has to take out a descriptor that may have been closed and reused.
@@ -25,6 +28,9 @@ type parkLot struct {
 	parked    map[loopToken]*pooledConn // by token: the parked ones
 	lastToken loopToken
 	scratch   []*pooledConn // the lot goroutine's copy of sessions
+	// empty: no session was in the lot at the last sweep; closed: the server has
+	// closed, the lot takes no more sessions and stops with the last.
+	empty, closed bool
 }
 
 // lotRun is one run of the lot's goroutine, with its descriptors.
@@ -55,6 +61,9 @@ func (s *Server) existingParkLot() *parkLot {
 func (l *parkLot) enter(v *pooledConn) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
 	if l.run == nil {
 		r, err := newLotRun()
 		if err != nil {
@@ -76,8 +85,8 @@ func newLotRun() (*lotRun, error) {
 	return &lotRun{epfd: epfd, wakefd: wakefd}, nil
 }
 
-// leave takes a session that has ended out of the lot, stopping the lot's goroutine
-// when it was the last.
+// leave takes a session that has ended out of the lot; once the server has closed, the
+// last stops the lot's goroutine.
 func (l *parkLot) leave(v *pooledConn) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -89,12 +98,31 @@ func (l *parkLot) leave(v *pooledConn) {
 		delete(l.parked, v.park.token)
 		v.park.token = 0
 	}
-	if len(l.sessions) == 0 && l.run != nil {
-		var one [8]byte
-		binary.NativeEndian.PutUint64(one[:], 1)
-		_, _ = unix.Write(l.run.wakefd, one[:])
-		l.run = nil
+	if len(l.sessions) == 0 && l.closed {
+		l.stopLocked()
 	}
+}
+
+// close stops the lot's goroutine once no session is left, and keeps it from starting
+// again.
+func (l *parkLot) close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closed = true
+	if len(l.sessions) == 0 {
+		l.stopLocked()
+	}
+}
+
+// stopLocked ends the run of the lot's goroutine; l.mu is held.
+func (l *parkLot) stopLocked() {
+	if l.run == nil {
+		return
+	}
+	var one [8]byte
+	binary.NativeEndian.PutUint64(one[:], 1)
+	_, _ = unix.Write(l.run.wakefd, one[:])
+	l.run = nil
 }
 
 // park arms the session's client socket and records the session as parked.
@@ -196,10 +224,33 @@ func (l *parkLot) loop(r *lotRun) {
 		clear(wake)
 		wake = wake[:0]
 		if !time.Now().Before(next) {
+			if l.idle(r) {
+				return
+			}
 			l.sweep()
 			next = time.Now().Add(parkTick)
 		}
 	}
+}
+
+// idle stops run r when no session has been in the lot since the last sweep, and reports
+// whether it did.
+func (l *parkLot) idle(r *lotRun) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.sessions) > 0 {
+		l.empty = false
+		return false
+	}
+	if !l.empty {
+		l.empty = true
+		return false
+	}
+	if l.run == r {
+		l.run = nil
+	}
+	l.empty = false
+	return true
 }
 
 // sweep interrupts the wait of the sessions that have waited for their client since the

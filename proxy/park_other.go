@@ -10,6 +10,7 @@ func (s *Server) existingParkLot() *parkLot { return nil }
 
 func (l *parkLot) enter(*pooledConn) bool  { return false }
 func (l *parkLot) leave(*pooledConn)       {}
+func (l *parkLot) close()                  {}
 func (l *parkLot) park(*pooledConn) bool   { return false }
 func (l *parkLot) unpark(*pooledConn) bool { return false }
 func (l *parkLot) parkedCount() int        { return 0 }

@@ -249,6 +249,7 @@ func (pc physConnector) Dial(ctx context.Context, key pool.Key) (*physConn, erro
 		nc.Close()
 		return nil, err
 	}
+	pc.s.noteLogin(key, p.login)
 	_ = nc.SetDeadline(noDeadline)
 	if pc.s.txOnLoops() {
 		if err := p.loopNative(); err != nil {

@@ -132,6 +132,14 @@ type Server struct {
 	routing    routing // see SetRoutes
 	loops      loopGroup
 	pooling    pooling
+	welcomes   sync.Map  // pool.Key → *welcome: what new clients of a pool are told (txstartup.go)
+	authConns  authConns // idle connections of the auth query (authquery.go)
+
+	// Goroutines that wait for a new connection to serve (see startConn).
+	workersOnce, stopOnce sync.Once
+	workers               chan *conn
+	workersDone           chan struct{}
+	idleWorkers           atomic.Int64
 }
 
 func (s *Server) logger() logrus.FieldLogger {
@@ -219,8 +227,74 @@ func (s *Server) Serve(l net.Listener) error {
 			nc.Close()
 			return ErrServerClosed
 		}
-		go c.serve()
+		s.startConn(c)
 	}
+}
+
+// Goroutines of connections that have ended wait for workerIdle for a new connection to
+// serve, maxIdleWorkers of them at most.
+const (
+	workerIdle     = time.Second
+	maxIdleWorkers = 64
+)
+
+// startConn serves c on a goroutine: one that has served a connection before and waits
+// for the next, if there is one, else a new one. A client that connects for every
+// transaction thus does not cost a goroutine started, its stack grown by copying as the
+// startup goes deeper, and ended, per connection.
+func (s *Server) startConn(c *conn) {
+	s.initWorkers()
+	select {
+	case s.workers <- c:
+	default:
+		go s.work(c)
+	}
+}
+
+// work serves c, then the connections startConn hands it, until it has waited
+// workerIdle for one, too many others wait already, or the server closes.
+func (s *Server) work(c *conn) {
+	var idle *time.Timer
+	defer func() {
+		if idle != nil {
+			idle.Stop()
+		}
+	}()
+	for {
+		c.serve()
+		if s.idleWorkers.Add(1) > maxIdleWorkers {
+			s.idleWorkers.Add(-1)
+			return
+		}
+		if idle == nil {
+			idle = time.NewTimer(workerIdle)
+		} else {
+			idle.Reset(workerIdle)
+		}
+		select {
+		case c = <-s.workers:
+			s.idleWorkers.Add(-1)
+		case <-idle.C:
+			s.idleWorkers.Add(-1)
+			return
+		case <-s.workersDone:
+			s.idleWorkers.Add(-1)
+			return
+		}
+	}
+}
+
+func (s *Server) initWorkers() {
+	s.workersOnce.Do(func() {
+		s.workers = make(chan *conn)
+		s.workersDone = make(chan struct{})
+	})
+}
+
+// stopWorkers ends the goroutines waiting for a connection to serve.
+func (s *Server) stopWorkers() {
+	s.initWorkers()
+	s.stopOnce.Do(func() { close(s.workersDone) })
 }
 
 func isTemporary(err error) bool {
@@ -289,19 +363,20 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.closeListeners()
 	s.mu.Unlock()
 	s.loops.close()
+	s.stopWorkers()
 
 	wait := time.Millisecond
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	for {
 		if s.closeIdleConns() {
-			s.closePool()
+			s.closePooling()
 			return nil
 		}
 		select {
 		case <-ctx.Done():
 			s.closeAllConns()
-			s.closePool()
+			s.closePooling()
 			return ctx.Err()
 		case <-timer.C:
 			wait = min(2*wait, 100*time.Millisecond)
@@ -334,8 +409,9 @@ func (s *Server) Close() error {
 	s.closeListeners()
 	s.mu.Unlock()
 	s.loops.close()
+	s.stopWorkers()
 	s.closeAllConns()
-	s.closePool()
+	s.closePooling()
 	return nil
 }
 
@@ -348,6 +424,16 @@ func (s *Server) closeAllConns() {
 	s.mu.Unlock()
 	for _, c := range all {
 		c.close()
+	}
+}
+
+// closePooling closes the pool of server connections, the parking lot and the auth
+// query's connections.
+func (s *Server) closePooling() {
+	s.closePool()
+	s.authConns.close()
+	if lot := s.existingParkLot(); lot != nil {
+		lot.close()
 	}
 }
 

@@ -1,24 +1,25 @@
 package proxy
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"strings"
 
 	"github.com/leafproxy/leafproxy/internal/sqlstate"
+	"github.com/leafproxy/leafproxy/proxy/pgauth"
 	"github.com/leafproxy/leafproxy/proxy/pool"
 )
 
 // The startup of a session in transaction mode: the proxy answers it.
 
-// servePooled runs a session in transaction mode after its startup packet: the proxy
-// answers the startup itself, with the ParameterStatus values of a server connection of
-// the pool, and a cancel key of its own.
-func (c *conn) servePooled(packet []byte) (parked bool) {
+// servePooled runs a session in transaction mode after its startup packet, whose
+// parameters are params (as routed): the proxy answers the startup itself, with the
+// ParameterStatus values its server connections of the session's pool key reported at
+// their login, and a cancel key of its own.
+func (c *conn) servePooled(params map[string]string) (parked bool) {
 	s := c.srv
-	params := startupParams(packet)
 	user := params["user"]
 	if user == "" {
 		c.refuse(sqlstate.InvalidAuthorizationSpecification, "no PostgreSQL user name specified in startup packet")
@@ -33,48 +34,48 @@ func (c *conn) servePooled(packet []byte) (parked bool) {
 		database = user
 	}
 	v := newPooledConn(c, s.poolKey(c.upstreamAddr, database, user, c.front))
-	ctx, cancel := context.WithTimeout(c.ctx, s.startupTimeout())
-	defer cancel()
-	p, err := s.serverPool()
-	if err != nil {
-		c.refuse(sqlstate.ConnectionUnable, err.Error())
-		return
-	}
-	srv, err := p.Acquire(ctx, v.key)
-	if err != nil {
-		code := sqlstate.ConnectionUnable
-		var pe *pool.Error
-		if errors.As(err, &pe) && pe.Code != "" {
-			code = pe.Code
+	w := s.welcomeOf(v.key)
+	if w == nil {
+		if w = c.fetchWelcome(v.key); w == nil {
+			return
 		}
-		c.log.WithError(err).Warn("cannot connect to upstream")
-		c.refuse(code, err.Error())
-		return
 	}
-	sc := newServerConn(v, s.maxMessageSize())
+	sc := &serverConn{nc: v, r: msgReader{br: takeReader(v), maxBody: s.maxMessageSize()}, w: takeWriter(v)}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		srv.Release(pool.Clean)
 		return
 	}
 	c.server = sc
 	c.mu.Unlock()
-	c.cr = msgReader{br: bufio.NewReaderSize(c.client, readBufferSize), maxBody: sc.r.maxBody}
-	c.cw = bufio.NewWriterSize(c.client, writeBufferSize)
+	// The buffers of the authentication exchange, when the proxy ran one, serve the
+	// session.
+	if c.cr.br == nil {
+		c.cr.br = takeReader(c.client)
+	}
+	c.cr.maxBody = sc.r.maxBody
+	if c.cw == nil {
+		c.cw = takeWriter(c.client)
+	}
 
 	// The client's settings: the server's, then those of its startup packet.
-	pc := srv.Conn()
-	status := make([]paramValue, 0, len(pc.login))
-	for _, pv := range pc.login {
-		lname := strings.ToLower(pv.name)
-		if value, ok := params[lname]; ok && !notCarried[lname] {
-			pv.value = value
+	out := c.cw.AvailableBuffer()
+	out = binary.BigEndian.AppendUint32(append(out, serverAuthentication, 0, 0, 0, 8), pgauth.AuthOK)
+	for _, p := range w.params {
+		value := p.value
+		if p.carried {
+			if cv, ok := params[p.lname]; ok {
+				value = cv
+			}
+			v.params[p.lname] = value
 		}
-		if !notCarried[lname] {
-			v.params[lname] = pv.value
+		var at int
+		out, at = beginMessage(out, serverParameterStatus)
+		out = append(append(append(append(out, p.name...), 0), value...), 0)
+		out = endMessage(out, at)
+		if p.noted {
+			c.noteParameterStatus(out[at+4:])
 		}
-		status = append(status, pv)
 	}
 	for name, value := range params {
 		switch lname := strings.ToLower(name); lname {
@@ -85,22 +86,17 @@ func (c *conn) servePooled(packet []byte) (parked bool) {
 			}
 		}
 	}
-	for name, value := range parseOptions(params["options"]) {
-		v.params[strings.ToLower(name)] = value
+	if opts := params["options"]; opts != "" {
+		for name, value := range parseOptions(opts) {
+			v.params[strings.ToLower(name)] = value
+		}
 	}
-	srv.Release(pool.Clean)
 
 	var key [8]byte
 	_, _ = rand.Read(key[:])
 	key[0] &= 0x7f // a positive process ID, as some clients expect
 	c.setCancelKey(string(key[:]))
-	out := appendMessage(nil, serverAuthentication, []byte{0, 0, 0, 0})
-	for _, pv := range status {
-		body := appendMessage(nil, serverParameterStatus, []byte(pv.name), []byte{0}, []byte(pv.value), []byte{0})
-		c.noteParameterStatus(body[5:])
-		out = append(out, body...)
-	}
-	out = appendMessage(out, serverBackendKeyData, key[:])
+	out = append(append(out, serverBackendKeyData, 0, 0, 0, 12), key[:]...)
 	out = append(out, serverReadyForQuery, 0, 0, 0, 5, txIdle)
 	if _, err := c.cw.Write(out); err != nil {
 		return
@@ -169,4 +165,78 @@ func (c *conn) pooled() *pooledConn {
 	}
 	v, _ := c.server.nc.(*pooledConn)
 	return v
+}
+
+// welcome is what a new client of a pool key is told at its startup: the ParameterStatus
+// values a server connection of the key reported at its login.
+type welcome struct {
+	params []welcomeParam
+}
+
+type welcomeParam struct {
+	name, value string
+	lname       string // name in lower case
+	carried     bool   // a client's own value of it (startup packet, SET) is carried
+	noted       bool   // the session acts on it (see conn.noteParameterStatus)
+}
+
+func newWelcome(login []paramValue) *welcome {
+	w := &welcome{params: make([]welcomeParam, len(login))}
+	for i, pv := range login {
+		lname := strings.ToLower(pv.name)
+		w.params[i] = welcomeParam{name: pv.name, value: pv.value, lname: lname, carried: !notCarried[lname],
+			noted: notesParameter(pv.name)}
+	}
+	return w
+}
+
+// noteLogin records the ParameterStatus values of a server connection of key that has
+// just logged in: the newest login's are what the key's new clients are told, so that a
+// change on the server (a new version, ALTER ROLE … SET, a failover) reaches them once
+// a connection has logged in since.
+func (s *Server) noteLogin(key pool.Key, login []paramValue) {
+	s.welcomes.Store(key, newWelcome(login))
+}
+
+// welcomeOf returns what a new client of key is told, nil before any server connection
+// of key has logged in.
+func (s *Server) welcomeOf(key pool.Key) *welcome {
+	if w, ok := s.welcomes.Load(key); ok {
+		return w.(*welcome)
+	}
+	return nil
+}
+
+// fetchWelcome borrows a server connection of key for the first client of key, which
+// logs one in (see Server.noteLogin for the next clients); a client that the pool cannot
+// serve within the startup timeout is refused here, at its startup.
+// It returns nil when the connection is done (the client has been told why).
+func (c *conn) fetchWelcome(key pool.Key) *welcome {
+	s := c.srv
+	ctx, cancel := context.WithTimeout(c.ctx, s.startupTimeout())
+	defer cancel()
+	p, err := s.serverPool()
+	if err != nil {
+		c.refuse(sqlstate.ConnectionUnable, err.Error())
+		return nil
+	}
+	srv, err := p.Acquire(ctx, key)
+	for errors.Is(err, pool.ErrWaitTimeout) && ctx.Err() == nil {
+		// query-wait-timeout bounds a statement's wait; a startup waits for the
+		// connection being logged in as long as the startup may last.
+		srv, err = p.Acquire(ctx, key)
+	}
+	if err != nil {
+		code := sqlstate.ConnectionUnable
+		var pe *pool.Error
+		if errors.As(err, &pe) && pe.Code != "" {
+			code = pe.Code
+		}
+		c.log.WithError(err).Warn("cannot connect to upstream")
+		c.refuse(code, err.Error())
+		return nil
+	}
+	w := newWelcome(srv.Conn().login)
+	srv.Release(pool.Clean)
+	return w
 }

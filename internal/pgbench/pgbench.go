@@ -67,6 +67,10 @@ type Group struct {
 	Clients  []int
 	Modes    []string
 	Duration time.Duration
+	// Transactions, when set, makes each client run this many transactions (pgbench -t)
+	// instead of running for a duration: with -t 1, every client connects, runs one
+	// transaction and leaves, so that the CPU per transaction is the cost of a login.
+	Transactions int
 }
 
 // Config says how long and how wide each run is.
@@ -190,7 +194,7 @@ func runGroup(ctx context.Context, cfg Config, bin, dir string, g Group, modes [
 					if e.Unsupported[mode] != "" {
 						continue
 					}
-					r, err := runOne(ctx, bin, dir, duration, e, mode, clients,
+					r, err := runOne(ctx, bin, dir, duration, g.Transactions, e, mode, clients,
 						fmt.Sprintf("%s-%s-%dc-r%d", g.Name, mode, clients, round+1))
 					if err != nil {
 						return results, fmt.Errorf("%s/%s/%s/%d clients: %w", g.Name, e.Name, mode, clients, err)
@@ -232,10 +236,15 @@ func median(rs []Result) Result {
 	return m
 }
 
-func runOne(ctx context.Context, bin, dir string, d time.Duration, e Endpoint, mode string, clients int, run string) (Result, error) {
+// runOne runs pgbench once: for d, or tx transactions per client when tx is set.
+func runOne(ctx context.Context, bin, dir string, d time.Duration, tx int, e Endpoint, mode string, clients int, run string) (Result, error) {
 	threads := min(clients, runtime.NumCPU())
-	args := []string{"-n", "-M", mode, "-c", strconv.Itoa(clients), "-j", strconv.Itoa(threads),
-		"-T", strconv.Itoa(int(d.Round(time.Second) / time.Second))}
+	args := []string{"-n", "-M", mode, "-c", strconv.Itoa(clients), "-j", strconv.Itoa(threads)}
+	if tx > 0 {
+		args = append(args, "-t", strconv.Itoa(tx))
+	} else {
+		args = append(args, "-T", strconv.Itoa(int(d.Round(time.Second)/time.Second)))
+	}
 	args = append(args, e.Args...)
 	if e.Script != "" {
 		file := filepath.Join(dir, e.Name+".sql")

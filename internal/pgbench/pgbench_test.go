@@ -293,7 +293,7 @@ func TestBouncerINITransactionMode(t *testing.T) {
 }
 
 func TestUserlist(t *testing.T) {
-	got := userlist(map[string]string{"bob": "md5abc", `we"ird`: "", "alice": `pa"ss`})
+	got := Userlist(map[string]string{"bob": "md5abc", `we"ird`: "", "alice": `pa"ss`})
 	want := "\"alice\" \"pa\"\"ss\"\n\"bob\" \"md5abc\"\n\"we\"\"ird\" \"\"\n"
 	if got != want {
 		t.Fatalf("userlist\n%s\nwant\n%s", got, want)

@@ -88,9 +88,9 @@ server_tls_sslmode = require
 	return ini
 }
 
-// userlist renders userlist.txt: one "user" "secret" line per user, sorted, a double
+// Userlist renders userlist.txt: one "user" "secret" line per user, sorted, a double
 // quote inside written twice.
-func userlist(secrets map[string]string) string {
+func Userlist(secrets map[string]string) string {
 	var b strings.Builder
 	quote := func(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
 	for _, u := range slices.Sorted(maps.Keys(secrets)) {
@@ -132,7 +132,7 @@ func StartPgBouncer(ctx context.Context, serverURL string, o BouncerOptions) (*P
 		secrets = map[string]string{cmp.Or(u.User.Username(), "postgres"): ""}
 	}
 	files := map[string]string{
-		"userlist.txt":  userlist(secrets),
+		"userlist.txt":  Userlist(secrets),
 		"pgbouncer.ini": bouncerINI(o, host, port, listenPort, dir),
 	}
 	if o.TLS != nil {

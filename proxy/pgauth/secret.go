@@ -10,6 +10,7 @@ package pgauth
 
 import (
 	"crypto/md5"
+	"crypto/rand"
 	"encoding/base64"
 	"encoding/hex"
 	"strconv"
@@ -117,6 +118,14 @@ func SCRAMSecret(password string, salt []byte, iterations int) Secret {
 		StoredKey:  sha256Sum(clientKey),
 		ServerKey:  hmacSum(salted, "Server Key"),
 	}
+}
+
+// NewSCRAMSecret returns a SCRAM secret of password with a new random salt and
+// PostgreSQL's default iteration count, as PostgreSQL makes one for a new password.
+func NewSCRAMSecret(password string) Secret {
+	salt := make([]byte, saltLen)
+	_, _ = rand.Read(salt)
+	return SCRAMSecret(password, salt, DefaultIterations)
 }
 
 // String returns the secret in its stored form.

@@ -75,9 +75,7 @@ func NewSCRAMServer(user string, secret *Secret, mockKey, binding []byte) *SCRAM
 	case secret.Kind == SCRAM:
 		s.secret = *secret
 	case secret.Kind == Plain && secret.Password != "":
-		salt := make([]byte, saltLen)
-		_, _ = rand.Read(salt)
-		s.secret = SCRAMSecret(secret.Password, salt, DefaultIterations)
+		s.secret = NewSCRAMSecret(secret.Password)
 	case secret.Kind == Plain:
 		s.mock = "empty password"
 	default:

@@ -16,7 +16,14 @@
 //
 //   - connect: `pgbench -C -S`, one client, a new connection per transaction, over TCP:
 //     the CPU per transaction is the cost of a connection, PostgreSQL's own (the
-//     postmaster and its ended backends) beside the hops';
+//     postmaster and its ended backends) beside the hops'; and the same through
+//     leafproxy and PgBouncer in transaction mode, each authenticating clients itself
+//     (md5, and SCRAM for a user with a SCRAM secret), where no backend starts;
+//
+//   - tx-logins: `pgbench -C -c 200 -t 5 -S` (-tx-clients) through leafproxy and PgBouncer
+//     in transaction mode with md5 at the hop: 200 clients at once, each logging in for
+//     every one of its transactions, so that the CPU per transaction is the cost of a
+//     login in a crowd;
 //
 //   - tx-pool: `pgbench -S` with 200 clients (-tx-clients) against the server directly (a
 //     backend per client), through leafproxy in transaction mode with a pool of 20 server
@@ -90,16 +97,17 @@ func run() error {
 	otherBin := flag.String("other-bin", "", "add a select-only column for another leafproxy binary started the same way, run interleaved with this module's build: an A/B comparison of two builds")
 	bare := flag.Bool("bare", true, "add the select-only column of the bare relay")
 	direct := flag.Bool("direct", true, "add the select-only column of the server itself (without it, leafproxy is the baseline of the ratios)")
-	only := flag.String("groups", "", "comma-separated groups to run (select-only, select-only-unix, select-only-tls, connect, tx-pool, next-id, next-batch, insert, insert-durable); empty runs all")
+	only := flag.String("groups", "", "comma-separated groups to run (select-only, select-only-unix, select-only-tls, connect, tx-logins, tx-pool, next-id, next-batch, insert, insert-durable); empty runs all")
 	unixSocket := flag.Bool("unix", true, "add a select-only group in which the proxy and PgBouncer reach the server over its Unix socket")
 	withTLS := flag.Bool("tls", true, "add a select-only group with TLS on every leg (the server must accept TLS)")
 	durable := flag.Bool("durable", true, "add an insert group on a server with fsync, synchronous_commit and full_page_writes on (changed with ALTER SYSTEM for the group, then reset)")
 	connect := flag.Bool("connect", true, "add a connect group: pgbench -C -S, one client, a new connection per transaction, with PostgreSQL's CPU per connection (the postmaster and its ended backends) beside the proxy's and PgBouncer's")
 	txPool := flag.Bool("tx-pool", true, "add a tx-pool group: pgbench -S with -tx-clients clients direct, through leafproxy in transaction mode and through PgBouncer in transaction mode, both with pools of -pool-size server connections")
-	txClients := flag.Int("tx-clients", 200, "clients of the tx-pool group")
+	txClients := flag.Int("tx-clients", 200, "clients of the tx-pool and tx-logins groups")
+	txLogins := flag.Bool("tx-logins", true, "add a tx-logins group: pgbench -C -c -tx-clients -t 5 -S through leafproxy and PgBouncer in transaction mode, md5 at the hop, every client logging in for each of its transactions")
 	poolSize := flag.Int("pool-size", 20, "server connections of the tx-pool group's pools")
 	txDuration := flag.Duration("tx-T", 0, "duration of each tx-pool run (default: -T, at least 10s, as pgbench opens its connections within the run and 200 new backends take seconds on a loaded machine)")
-	pprofDir := flag.String("pprof-dir", "", "write a CPU profile of leafproxy over each of its tx-pool runs to this directory (the profiling adds a little to its CPU figures)")
+	pprofDir := flag.String("pprof-dir", "", "write a CPU profile of leafproxy over each of its tx-pool, tx-logins and transaction-mode connect runs to this directory (the profiling adds a little to its CPU figures)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of this process (the bare relay) to this file")
 	flag.Parse()
 	if *cpuProfile != "" {
@@ -158,18 +166,32 @@ func run() error {
 	}
 	defer tcp.stop()
 	groups := []pgbench.Group{tcp.group}
+	// want says whether a group is to run, so that hops of groups left out are not
+	// started (the TCP select-only group always is: the ID groups use its leafproxy).
+	want := func(name string) bool {
+		return *only == "" || len(selectGroups([]pgbench.Group{{Name: name}}, strings.Split(*only, ","))) > 0
+	}
+	var txConnect *txConnectHops
+	if (*connect && want("connect")) || (*txLogins && want("tx-logins")) {
+		txConnect, err = startTxConnect(ctx, h, txConnectOptions{poolSize: *poolSize, clients: *txClients, pprofDir: *pprofDir})
+		if err != nil {
+			return err
+		}
+		defer txConnect.stop()
+	}
 	if *connect {
 		g, stopConnect, err := connectGroup(ctx, h, dbURL, tcp.group)
 		if err != nil {
 			return err
 		}
 		defer stopConnect()
+		if txConnect != nil {
+			g.Endpoints = append(g.Endpoints, txConnect.connect...)
+		}
 		groups = append(groups, g)
 	}
-	// want says whether a group is to run, so that hops of groups left out are not
-	// started (the TCP select-only group always is: the ID groups use its leafproxy).
-	want := func(name string) bool {
-		return *only == "" || len(selectGroups([]pgbench.Group{{Name: name}}, strings.Split(*only, ","))) > 0
+	if *txLogins && txConnect != nil {
+		groups = append(groups, txConnect.logins)
 	}
 	if *unixSocket && want("select-only-unix") {
 		dir, err := socketDir(ctx, dbURL)

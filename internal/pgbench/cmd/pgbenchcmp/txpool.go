@@ -56,7 +56,7 @@ func txPoolGroup(ctx context.Context, h hops, o txPoolOptions) (pgbench.Group, f
 	if err := checkMaxConnections(ctx, h.dbURL, o.clients+2*o.poolSize); err != nil {
 		return g, stop, err
 	}
-	role, password, secret, dropRole, err := createBenchRole(ctx, h.dbURL)
+	role, password, secret, dropRole, err := createBenchRole(ctx, h.dbURL, "md5")
 	if err != nil {
 		return g, stop, err
 	}
@@ -126,10 +126,11 @@ func txPoolArgs(poolSize int, authFile string) []string {
 		"--auth-type", "md5", "--auth-file", authFile}
 }
 
-// createBenchRole creates a login role with a random md5 password, allowed to read the
+// createBenchRole creates a login role with a random password stored as encryption
+// says ("md5" or "scram-sha-256", PostgreSQL's password_encryption), allowed to read the
 // tables of dbURL's database, and returns its name, password and secret as the server
 // stores it (what an auth-file holds), with a function dropping it.
-func createBenchRole(ctx context.Context, dbURL string) (role, password, secret string, drop func(), err error) {
+func createBenchRole(ctx context.Context, dbURL, encryption string) (role, password, secret string, drop func(), err error) {
 	conn, err := pgx.Connect(ctx, dbURL)
 	if err != nil {
 		return "", "", "", nil, err
@@ -140,7 +141,7 @@ func createBenchRole(ctx context.Context, dbURL string) (role, password, secret 
 	role = "leafbench_" + hex.EncodeToString(b[:4])
 	password = hex.EncodeToString(b[4:])
 	for _, stmt := range []string{
-		"SET password_encryption = 'md5'",
+		"SET password_encryption = '" + encryption + "'",
 		fmt.Sprintf("CREATE ROLE %s LOGIN PASSWORD '%s'", role, password),
 		"GRANT SELECT ON ALL TABLES IN SCHEMA public TO " + role,
 	} {

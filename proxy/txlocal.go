@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	pg_query "github.com/pganalyze/pg_query_go/v6"
 
 	"github.com/leafproxy/leafproxy/internal/sqlstate"
@@ -86,7 +87,15 @@ func (v *pooledConn) checkParse(body []byte) queryVerdict {
 // the refusal, if any, and what the pass found; it notes the custom settings the text
 // sets. Called with mu held.
 func (v *pooledConn) checkText(sql []byte) (queryVerdict, txWords) {
+	if len(sql) <= maxPlainText && bytes.Equal(sql, v.plainText) {
+		return queryVerdict{}, txWords{}
+	}
 	w := scanTxWords(sql)
+	if w == (txWords{}) && len(sql) <= maxPlainText {
+		// Nothing to look at: a client that sends the same text again (most do) is
+		// spared the scan.
+		v.plainText = append(v.plainText[:0], sql...)
+	}
 	if r := refusedInTransactionMode(sql, w); r != nil {
 		return queryVerdict{refusal: r}, w
 	}
@@ -95,6 +104,9 @@ func (v *pooledConn) checkText(sql []byte) (queryVerdict, txWords) {
 	}
 	return queryVerdict{}, w
 }
+
+// maxPlainText bounds the text checkText remembers as needing nothing.
+const maxPlainText = 4 << 10
 
 // deallocateIn returns the DEALLOCATE that sql is, nil when it is none; mixed reports a
 // DEALLOCATE among other statements.

@@ -201,7 +201,7 @@ func (ls *loopSession) putBuffers() {
 	c.cr.br, c.cw, c.server.r.br, c.server.w = nil, nil, nil, nil
 	c.cr.body, c.server.r.body = nil, nil
 	v.mu.Lock()
-	v.rbuf, v.wbuf, v.obuf, v.rout, v.synth = nil, nil, nil, nil, nil
+	v.rbuf, v.wbuf, v.obuf, v.rout, v.synth, v.plainText = nil, nil, nil, nil, nil, nil
 	v.mu.Unlock()
 	ls.bare = true
 	c.srv.pooling.bare.Add(1)

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -178,6 +179,9 @@ type pooledConn struct {
 	// capture query that reads them back ("" until built).
 	custom    map[string]bool
 	customSQL string
+	// plainText is the last text of a Query or Parse in which scanTxWords found nothing
+	// (see checkText).
+	plainText []byte
 	// localDealloc is the DEALLOCATE of an extended-protocol cycle the proxy answers.
 	localDealloc *deallocation
 	// deallocPortals holds the portals bound to a DEALLOCATE's statement while the
@@ -639,6 +643,8 @@ func (v *pooledConn) parse(out, msg []byte, verdict queryVerdict) []byte {
 	if verdict.dealloc != nil {
 		st = deallocStmt(rest, verdict.dealloc)
 		v.trackExecutes = true
+	} else if u := v.unnamed; name == "" && u != nil && u.dealloc == nil && bytes.Equal(u.rest, rest) {
+		st = u // the unnamed statement parsed again with the same text, as most clients do
 	} else {
 		st = &clientStmt{rest: append([]byte(nil), rest...)}
 	}

@@ -156,11 +156,18 @@ type pooledConn struct {
 	// the loop (granted) as grant and grantErr.
 	host     txHost
 	wait     *pool.Wait[*physConn]
-	waitSeq  uint64 // counts the waits, so that a late answer to an old one is known
 	awaiting bool
 	granted  bool
 	grant    *pool.Server[*physConn]
 	grantErr error
+	// The mailbox of the pool's answer to a wait (see poolAnswer), and poolAnswer and
+	// takeAnswer as func values, made once.
+	mailMu       sync.Mutex
+	mailWait     *pool.Wait[*physConn]
+	mailSrv      *pool.Server[*physConn]
+	mailErr      error
+	onAnswer     func(*pool.Wait[*physConn], *pool.Server[*physConn], error)
+	takeAnswerFn func()
 
 	// Protocol state of the borrowed connection.
 	queue       []expect
@@ -283,14 +290,10 @@ func (v *pooledConn) borrow() (*pool.Server[*physConn], error) {
 	if err != nil {
 		return nil, err
 	}
-	v.waitSeq++
-	seq, host := v.waitSeq, v.host
-	srv, w, err := p.AcquireFunc(v.key, func(srv *pool.Server[*physConn], err error) {
-		// The pool's lock is held: the answer goes on to the loop.
-		if !host.post(func() { v.answer(seq, srv, err) }) && srv != nil {
-			go srv.Release(pool.Clean)
-		}
-	})
+	if v.onAnswer == nil {
+		v.onAnswer, v.takeAnswerFn = v.poolAnswer, v.takeAnswer
+	}
+	srv, w, err := p.AcquireFunc(v.key, v.onAnswer)
 	if w != nil {
 		v.wait = w
 		return nil, errAwaitServer
@@ -298,10 +301,29 @@ func (v *pooledConn) borrow() (*pool.Server[*physConn], error) {
 	return srv, err
 }
 
-// answer takes the pool's answer to the wait seq, on the session's loop.
-func (v *pooledConn) answer(seq uint64, srv *pool.Server[*physConn], err error) {
+// poolAnswer is AcquireFunc's done: the pool's answer to the session's wait goes in the
+// mailbox, and the loop is asked to take it. The pool's lock is held. A session has one
+// wait at a time, so one place suffices, and nothing allocates per wait.
+func (v *pooledConn) poolAnswer(w *pool.Wait[*physConn], srv *pool.Server[*physConn], err error) {
+	v.mailMu.Lock()
+	v.mailWait, v.mailSrv, v.mailErr = w, srv, err
+	v.mailMu.Unlock()
+	if !v.host.post(v.takeAnswerFn) && srv != nil {
+		go srv.Release(pool.Clean)
+	}
+}
+
+// takeAnswer takes the pool's answer from the mailbox, on the session's loop.
+func (v *pooledConn) takeAnswer() {
+	v.mailMu.Lock()
+	w, srv, err := v.mailWait, v.mailSrv, v.mailErr
+	v.mailWait, v.mailSrv, v.mailErr = nil, nil, nil
+	v.mailMu.Unlock()
+	if w == nil {
+		return
+	}
 	v.mu.Lock()
-	if v.closed || v.wait == nil || seq != v.waitSeq {
+	if v.closed || v.wait != w {
 		v.mu.Unlock()
 		if srv != nil {
 			srv.Release(pool.Clean)

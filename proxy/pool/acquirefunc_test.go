@@ -13,8 +13,8 @@ import (
 func TestAcquireFunc(t *testing.T) {
 	f := newFixture(t, Settings{Limits: Limits{PoolSize: 1, QueryWaitTimeout: 5 * time.Second}})
 	held := mustAcquire(t, f.p, keyA)
-	done := func(ch chan result) func(*Server[*memConn], error) {
-		return func(s *Server[*memConn], err error) { ch <- result{s, err} }
+	done := func(ch chan result) func(*Wait[*memConn], *Server[*memConn], error) {
+		return func(_ *Wait[*memConn], s *Server[*memConn], err error) { ch <- result{s, err} }
 	}
 
 	// Queued behind an Acquire that waits already.

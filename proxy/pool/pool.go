@@ -185,13 +185,13 @@ func (p *Pool[C]) Acquire(ctx context.Context, key Key) (*Server[C], error) {
 
 // AcquireFunc lends a server connection of key like Acquire, without blocking: a
 // connection that can be lent at once is returned; otherwise the caller joins the queue
-// and gets a Wait, and done is called later, exactly once, with the connection or with
-// the error Acquire would have returned (ErrWaitTimeout, ErrServerDown, ErrClosed). done
+// and gets a Wait, and done is called later, exactly once, with that Wait and the
+// connection or the error Acquire would have returned (ErrWaitTimeout, ErrServerDown, ErrClosed). done
 // runs on whichever goroutine hands the connection over (a Release, a dial, a timer) with
 // the Pool's lock held: it must hand the result on (to an event loop, say) and return,
 // without calling the Pool. An event loop serves many sessions from one goroutine, which
 // must never wait for a connection.
-func (p *Pool[C]) AcquireFunc(key Key, done func(*Server[C], error)) (*Server[C], *Wait[C], error) {
+func (p *Pool[C]) AcquireFunc(key Key, done func(*Wait[C], *Server[C], error)) (*Server[C], *Wait[C], error) {
 	for {
 		p.mu.Lock()
 		if p.closed {
@@ -218,14 +218,16 @@ func (p *Pool[C]) AcquireFunc(key Key, done func(*Server[C], error)) (*Server[C]
 			p.mu.Unlock()
 			return nil, nil, err
 		}
-		w := &waiter[C]{since: now, timeout: kp.lim.QueryWaitTimeout, notify: done}
+		wt := &Wait[C]{w: waiter[C]{since: now, timeout: kp.lim.QueryWaitTimeout, notify: done}, kp: kp}
+		w := &wt.w
+		w.wait = wt
 		kp.waiters.push(w)
 		if w.timeout > 0 {
 			p.armExpiryLocked(kp, w.since.Add(w.timeout))
 		}
 		p.serveLocked(kp.db)
 		p.mu.Unlock()
-		return nil, &Wait[C]{w: w, kp: kp}, nil
+		return nil, wt, nil
 	}
 }
 
@@ -235,7 +237,7 @@ func (p *Pool[C]) AcquireFunc(key Key, done func(*Server[C], error)) (*Server[C]
 func (p *Pool[C]) CancelWait(wt *Wait[C]) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	w := wt.w
+	w := &wt.w
 	if w.done {
 		return false
 	}

@@ -7,9 +7,10 @@ import "time"
 type waiter[C any] struct {
 	prev, next *waiter[C]
 	since      time.Time
-	timeout    time.Duration           // QueryWaitTimeout when the wait began; 0 for none
-	ready      chan struct{}           // receives one value at finish; nil for a wait of AcquireFunc
-	notify     func(*Server[C], error) // AcquireFunc's done; nil for Acquire
+	timeout    time.Duration                     // QueryWaitTimeout when the wait began; 0 for none
+	ready      chan struct{}                     // receives one value at finish; nil for a wait of AcquireFunc
+	notify     func(*Wait[C], *Server[C], error) // AcquireFunc's done; nil for Acquire
+	wait       *Wait[C]                          // AcquireFunc's wait, which holds this waiter
 	done       bool
 	srv        *Server[C]
 	err        error
@@ -18,7 +19,7 @@ type waiter[C any] struct {
 func (w *waiter[C]) finish(s *Server[C], err error) {
 	w.done = true
 	if w.notify != nil {
-		w.notify(s, err)
+		w.notify(w.wait, s, err)
 		return
 	}
 	w.srv, w.err = s, err
@@ -68,6 +69,6 @@ func (q *waitQueue[C]) remove(w *waiter[C]) {
 
 // Wait is a wait of AcquireFunc for a connection, which CancelWait may end.
 type Wait[C any] struct {
-	w  *waiter[C]
+	w  waiter[C]
 	kp *keyPool[C]
 }

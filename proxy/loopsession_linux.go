@@ -645,6 +645,11 @@ func (ls *loopSession) teardown() {
 		// The server connection goes back to the pool, never closed here.
 		ls.tx.endOnLoop()
 		l.remove(&ls.upstream)
+		if !ls.bare {
+			// The buffers serve the next session: a login allocates none.
+			ls.dropBuffers()
+			ls.bare = true
+		}
 	} else {
 		l.remove(&ls.upstream)
 		unix.Close(ls.upstream.fd)

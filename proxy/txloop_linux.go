@@ -193,6 +193,13 @@ func (v *pooledConn) inputAtHand() bool {
 
 // putBuffers gives a quiet session's buffers back.
 func (ls *loopSession) putBuffers() {
+	ls.dropBuffers()
+	ls.bare = true
+	ls.c.srv.pooling.bare.Add(1)
+}
+
+// dropBuffers gives the session's buffers back to the pool they came from.
+func (ls *loopSession) dropBuffers() {
 	c, v := ls.c, ls.tx
 	putReader(c.cr.br)
 	putWriter(c.cw)
@@ -203,8 +210,6 @@ func (ls *loopSession) putBuffers() {
 	v.mu.Lock()
 	v.rbuf, v.wbuf, v.obuf, v.rout, v.synth, v.plainText = nil, nil, nil, nil, nil, nil
 	v.mu.Unlock()
-	ls.bare = true
-	c.srv.pooling.bare.Add(1)
 }
 
 // takeBuffers gives a session that gave its buffers back new ones.

@@ -100,10 +100,7 @@ func (e *loopEnd) output() *fdSink {
 func (s *Server) adopt(c *conn) bool {
 	clientSock, clientTLS, ok1 := loopSocket(c.client)
 	upstreamSock, upstreamTLS, ok2 := loopSocket(c.server.nc)
-	if s.GoroutineRelay || !ok1 || !ok2 {
-		return false
-	}
-	if _, ok := s.IDs.(IDProber); s.Rewriter != nil && !ok {
+	if !s.loopsServe() || !ok1 || !ok2 {
 		return false
 	}
 	// The real mutex: whoever else holds it (Shutdown's closeIfIdle) is done before the
@@ -113,9 +110,8 @@ func (s *Server) adopt(c *conn) bool {
 	if c.cw.Flush() != nil || c.server.w.Flush() != nil {
 		return false
 	}
-	l, err := s.loops.assign(s.eventLoops())
-	if err != nil {
-		c.log.WithError(err).Warn("cannot start an event loop; using goroutines")
+	l := s.assignLoop(c)
+	if l == nil {
 		return false
 	}
 	cfd, err := dupSocket(clientSock)
@@ -168,6 +164,26 @@ func (s *Server) adopt(c *conn) bool {
 	clientSock.Close()
 	upstreamSock.Close()
 	return true
+}
+
+// loopsServe reports whether event loops may serve the server's sessions: not with
+// GoroutineRelay, nor for a rewriting proxy whose IDs is no IDProber (a loop must know
+// whether an ID is at hand without waiting).
+func (s *Server) loopsServe() bool {
+	if _, ok := s.IDs.(IDProber); s.Rewriter != nil && !ok {
+		return false
+	}
+	return !s.GoroutineRelay
+}
+
+// assignLoop returns the event loop a new session of c goes to, nil when none can start.
+func (s *Server) assignLoop(c *conn) *eventLoop {
+	l, err := s.loops.assign(s.eventLoops())
+	if err != nil {
+		c.log.WithError(err).Warn("cannot start an event loop; using goroutines")
+		return nil
+	}
+	return l
 }
 
 // testHookBeforeTakeover, when set by a test, runs in adopt just before the loop takes

@@ -239,14 +239,8 @@ func (c *conn) park(v *pooledConn, upDone chan error) int {
 	if c.cw.Buffered() > 0 || c.server.w.Buffered() > 0 {
 		return parkRestart
 	}
-	putReader(c.cr.br)
-	putWriter(c.cw)
-	putReader(c.server.r.br)
-	putWriter(c.server.w)
-	c.cr.br, c.cw, c.server.r.br, c.server.w = nil, nil, nil, nil
-	c.cr.body, c.server.r.body = nil, nil
+	c.putBuffers(v)
 	v.mu.Lock()
-	v.rbuf, v.wbuf, v.obuf, v.rout, v.synth = nil, nil, nil, nil, nil
 	v.dropWaitContext()
 	lot := v.park.lot
 	v.mu.Unlock()
@@ -255,6 +249,21 @@ func (c *conn) park(v *pooledConn, upDone chan error) int {
 	}
 	c.takeBuffers(v)
 	return parkRestart
+}
+
+// putBuffers gives the buffers of a session in transaction mode that has nothing in them
+// back to the pools they came from: those of its reader and writer on either side, and
+// its pooledConn's.
+func (c *conn) putBuffers(v *pooledConn) {
+	putReader(c.cr.br)
+	putWriter(c.cw)
+	putReader(c.server.r.br)
+	putWriter(c.server.w)
+	c.cr.br, c.cw, c.server.r.br, c.server.w = nil, nil, nil, nil
+	c.cr.body, c.server.r.body = nil, nil
+	v.mu.Lock()
+	v.rbuf, v.wbuf, v.obuf, v.rout, v.synth, v.plainText = nil, nil, nil, nil, nil, nil
+	v.mu.Unlock()
 }
 
 // takeBuffers gives a parked session its buffers back. c.cwMu.mu is held.

@@ -37,10 +37,7 @@ func (s *Server) txOnLoops() bool { return !s.GoroutineRelay }
 // done, reporting false when goroutines must serve it (see adopt).
 func (s *Server) adoptPooled(c *conn, v *pooledConn) bool {
 	clientSock, clientTLS, ok := loopSocket(c.client)
-	if !s.txOnLoops() || !ok {
-		return false
-	}
-	if _, ok := s.IDs.(IDProber); s.Rewriter != nil && !ok {
+	if !s.txOnLoops() || !s.loopsServe() || !ok {
 		return false
 	}
 	c.cwMu.mu.Lock()
@@ -48,9 +45,8 @@ func (s *Server) adoptPooled(c *conn, v *pooledConn) bool {
 	if c.cw.Flush() != nil {
 		return false
 	}
-	l, err := s.loops.assign(s.eventLoops())
-	if err != nil {
-		c.log.WithError(err).Warn("cannot start an event loop; using goroutines")
+	l := s.assignLoop(c)
+	if l == nil {
 		return false
 	}
 	cfd, err := dupSocket(clientSock)
@@ -199,18 +195,7 @@ func (ls *loopSession) putBuffers() {
 }
 
 // dropBuffers gives the session's buffers back to the pool they came from.
-func (ls *loopSession) dropBuffers() {
-	c, v := ls.c, ls.tx
-	putReader(c.cr.br)
-	putWriter(c.cw)
-	putReader(c.server.r.br)
-	putWriter(c.server.w)
-	c.cr.br, c.cw, c.server.r.br, c.server.w = nil, nil, nil, nil
-	c.cr.body, c.server.r.body = nil, nil
-	v.mu.Lock()
-	v.rbuf, v.wbuf, v.obuf, v.rout, v.synth, v.plainText = nil, nil, nil, nil, nil, nil
-	v.mu.Unlock()
-}
+func (ls *loopSession) dropBuffers() { ls.c.putBuffers(ls.tx) }
 
 // takeBuffers gives a session that gave its buffers back new ones.
 func (ls *loopSession) takeBuffers() {

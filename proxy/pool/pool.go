@@ -193,41 +193,15 @@ func (p *Pool[C]) Acquire(ctx context.Context, key Key) (*Server[C], error) {
 // must never wait for a connection.
 func (p *Pool[C]) AcquireFunc(key Key, done func(*Wait[C], *Server[C], error)) (*Server[C], *Wait[C], error) {
 	for {
-		p.mu.Lock()
-		if p.closed {
-			p.mu.Unlock()
-			return nil, nil, closedError(key)
+		s, w, err := p.lendOrQueue(key, done)
+		switch {
+		case w != nil:
+			return nil, w.wait, nil
+		case s != nil && p.check != nil && p.check(s.conn) != nil:
+			s.Release(Broken) // it may have been closed by the server while idle
+			continue
 		}
-		kp := p.keyPoolLocked(key)
-		kp.acquires++
-		if kp.waiters.n == 0 && len(kp.idle) > 0 {
-			s := kp.idle[len(kp.idle)-1]
-			kp.idle[len(kp.idle)-1] = nil
-			kp.idle = kp.idle[:len(kp.idle)-1]
-			p.lendLocked(s)
-			p.mu.Unlock()
-			if p.check != nil && p.check(s.conn) != nil {
-				s.Release(Broken)
-				continue
-			}
-			return s, nil, nil
-		}
-		now := p.clock.Now()
-		if now.Before(kp.retryAt) && kp.total == 0 {
-			err := serverDownError(key, kp.lastErr)
-			p.mu.Unlock()
-			return nil, nil, err
-		}
-		wt := &Wait[C]{w: waiter[C]{since: now, timeout: kp.lim.QueryWaitTimeout, notify: done}, kp: kp}
-		w := &wt.w
-		w.wait = wt
-		kp.waiters.push(w)
-		if w.timeout > 0 {
-			p.armExpiryLocked(kp, w.since.Add(w.timeout))
-		}
-		p.serveLocked(kp.db)
-		p.mu.Unlock()
-		return nil, wt, nil
+		return s, nil, err
 	}
 }
 
@@ -241,8 +215,8 @@ func (p *Pool[C]) CancelWait(wt *Wait[C]) bool {
 	if w.done {
 		return false
 	}
-	wt.kp.waiters.remove(w)
-	wt.kp.waitTime += p.clock.Now().Sub(w.since)
+	w.kp.waiters.remove(w)
+	w.kp.waitTime += p.clock.Now().Sub(w.since)
 	w.done = true
 	return true
 }
@@ -250,40 +224,11 @@ func (p *Pool[C]) CancelWait(wt *Wait[C]) bool {
 // acquire lends a connection; fromIdle says it was taken from the idle list (rather than
 // handed over by a borrower or just dialled), so that it is worth a Check.
 func (p *Pool[C]) acquire(ctx context.Context, key Key) (s *Server[C], fromIdle bool, err error) {
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
-		return nil, false, closedError(key)
+	s, w, err := p.lendOrQueue(key, nil)
+	if w == nil {
+		return s, s != nil, err
 	}
-	kp := p.keyPoolLocked(key)
-	kp.acquires++
-	// The most recently used idle connection goes first, so that the others age out.
-	// Its lifetime is not checked here: it was checked when it came back, and the
-	// janitor closes idle ones that pass it since.
-	if kp.waiters.n == 0 && len(kp.idle) > 0 {
-		s := kp.idle[len(kp.idle)-1]
-		kp.idle[len(kp.idle)-1] = nil
-		kp.idle = kp.idle[:len(kp.idle)-1]
-		p.lendLocked(s)
-		p.mu.Unlock()
-		return s, true, nil
-	}
-	now := p.clock.Now()
-	// Nothing to lend: wait, unless the server is known to be down and there is no
-	// connection that could come back to us.
-	if now.Before(kp.retryAt) && kp.total == 0 {
-		err := serverDownError(key, kp.lastErr)
-		p.mu.Unlock()
-		return nil, false, err
-	}
-	w := p.newWaiter(now, kp.lim.QueryWaitTimeout)
-	kp.waiters.push(w)
-	if w.timeout > 0 {
-		p.armExpiryLocked(kp, w.since.Add(w.timeout))
-	}
-	p.serveLocked(kp.db)
-	p.mu.Unlock()
-
+	kp := w.kp
 	if done := ctx.Done(); done == nil {
 		<-w.ready
 	} else {
@@ -305,6 +250,51 @@ func (p *Pool[C]) acquire(ctx context.Context, key Key) (s *Server[C], fromIdle 
 	s, err = w.srv, w.err
 	p.freeWaiter(w)
 	return s, false, err
+}
+
+// lendOrQueue starts a borrow: it lends the most recently used idle connection of key
+// when nobody waits for one, fails when the Pool is closed or the key's server is known to
+// be down with no connection that could come back, and otherwise queues a waiter (for
+// Acquire when done is nil, else for AcquireFunc) and starts the dials the waiters need.
+func (p *Pool[C]) lendOrQueue(key Key, done func(*Wait[C], *Server[C], error)) (*Server[C], *waiter[C], error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, nil, closedError(key)
+	}
+	kp := p.keyPoolLocked(key)
+	kp.acquires++
+	// The most recently used idle connection goes first, so that the others age out.
+	// Its lifetime is not checked here: it was checked when it came back, and the
+	// janitor closes idle ones that pass it since.
+	if kp.waiters.n == 0 && len(kp.idle) > 0 {
+		s := kp.idle[len(kp.idle)-1]
+		kp.idle[len(kp.idle)-1] = nil
+		kp.idle = kp.idle[:len(kp.idle)-1]
+		p.lendLocked(s)
+		return s, nil, nil
+	}
+	now := p.clock.Now()
+	// Nothing to lend: wait, unless the server is known to be down and there is no
+	// connection that could come back to us.
+	if now.Before(kp.retryAt) && kp.total == 0 {
+		return nil, nil, serverDownError(key, kp.lastErr)
+	}
+	var w *waiter[C]
+	if done == nil {
+		w = p.newWaiter(now, kp.lim.QueryWaitTimeout)
+	} else {
+		wt := &Wait[C]{w: waiter[C]{since: now, timeout: kp.lim.QueryWaitTimeout, notify: done}}
+		w = &wt.w
+		w.wait = wt
+	}
+	w.kp = kp
+	kp.waiters.push(w)
+	if w.timeout > 0 {
+		p.armExpiryLocked(kp, w.since.Add(w.timeout))
+	}
+	p.serveLocked(kp.db)
+	return nil, w, nil
 }
 
 // newWaiter returns a waiter, a recycled one when there is one.

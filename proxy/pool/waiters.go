@@ -11,6 +11,7 @@ type waiter[C any] struct {
 	ready      chan struct{}                     // receives one value at finish; nil for a wait of AcquireFunc
 	notify     func(*Wait[C], *Server[C], error) // AcquireFunc's done; nil for Acquire
 	wait       *Wait[C]                          // AcquireFunc's wait, which holds this waiter
+	kp         *keyPool[C]                       // the key's pool, whose queue it joined
 	done       bool
 	srv        *Server[C]
 	err        error
@@ -68,7 +69,4 @@ func (q *waitQueue[C]) remove(w *waiter[C]) {
 }
 
 // Wait is a wait of AcquireFunc for a connection, which CancelWait may end.
-type Wait[C any] struct {
-	w  waiter[C]
-	kp *keyPool[C]
-}
+type Wait[C any] struct{ w waiter[C] }

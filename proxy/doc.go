@@ -132,9 +132,17 @@
 //   - txlocal.go: what transaction mode answers without the database: refusals outside a
 //     transaction, SQL-level DEALLOCATE.
 //   - txcustom.go: custom settings (SET app.x), whose names pg_settings does not list.
-//   - park.go, park_linux.go: parking idle sessions: their goroutines end and their
-//     buffers are given back, and the parking lot's epoll set watches their client
-//     sockets until they are readable.
+//   - txstmts.go: the statements kept prepared on a server connection, least recently
+//     used first (max-prepared-statements), and DEALLOCATE in the extended protocol.
+//   - txloop_linux.go: sessions in transaction mode on the event loops: the borrowed
+//     connection's socket watched by the session's loop, borrows that never block a
+//     loop (pool.AcquireFunc), buffers given back while quiet.
+//   - physio_linux.go: a pooled connection's socket outside the runtime's poller (physIO),
+//     non-blocking for a loop session, blocking (poll) for everyone else.
+//   - park.go, park_linux.go: parking idle sessions served by goroutine pairs
+//     (event-loops -1, or no epoll): their goroutines end and their buffers are given
+//     back, and the parking lot's epoll set watches their client sockets until they are
+//     readable.
 //
 // Rewriting (Server.Rewriter set):
 //

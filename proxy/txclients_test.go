@@ -681,7 +681,9 @@ func TestTxPoolCancelWhileWaiting(t *testing.T) {
 }
 
 // TestTxPoolLargeMessages: rows and parameters far larger than the buffers cross a
-// pooled connection whole, in both protocols.
+// pooled connection whole, in both protocols; so do a notice and an error far larger than
+// a buffer, which the proxy holds whole as they arrive piece by piece, and the session
+// goes on after them.
 func TestTxPoolLargeMessages(t *testing.T) {
 	db := testenv.NewDatabase(t)
 	p := startProxy(t, db, inTransactionMode, func(s *Server) { s.Pooling.PoolSize = 1 })
@@ -698,6 +700,20 @@ func TestTxPoolLargeMessages(t *testing.T) {
 			if got != big+strings.Repeat("x", 100000) {
 				t.Fatalf("%s: a row of %d bytes came back as %d bytes", mode, len(big)+100000, len(got))
 			}
+		}
+	}
+	for _, c := range []*pgx.Conn{a, b} {
+		if _, err := c.Exec(ctx, "DO $$ BEGIN RAISE NOTICE '%', repeat('n', 300000); END $$"); err != nil {
+			t.Fatal(err)
+		}
+		_, err := c.Exec(ctx, "DO $$ BEGIN RAISE EXCEPTION '%', repeat('e', 300000); END $$")
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Message != strings.Repeat("e", 300000) {
+			t.Fatalf("an error of 300,000 bytes: %v", err)
+		}
+		var n int
+		if err := c.QueryRow(ctx, "SELECT 4").Scan(&n); err != nil || n != 4 {
+			t.Fatalf("after the large notice and error: %d, %v", n, err)
 		}
 	}
 }

@@ -37,7 +37,7 @@ func (s *Server) txOnLoops() bool { return !s.GoroutineRelay }
 // done, reporting false when goroutines must serve it (see adopt).
 func (s *Server) adoptPooled(c *conn, v *pooledConn) bool {
 	clientSock, clientTLS, ok := loopSocket(c.client)
-	if !s.txOnLoops() || !s.loopsServe() || !ok {
+	if !s.loopsServe() || !ok {
 		return false
 	}
 	c.cwMu.mu.Lock()

@@ -77,6 +77,35 @@ func relayExchange(b *testing.B, c *conn, clientMsgs, upstreamMsgs int) {
 	}
 }
 
+// passExchange relays clientMsgs messages from the client and upstreamMsgs from the
+// upstream as an event loop does: the messages that cross unchanged go out together
+// (passClient, passUpstream), the others through their handlers.
+func passExchange(b *testing.B, c *conn, clientMsgs, upstreamMsgs int) {
+	for left := clientMsgs; left > 0; {
+		if k := c.passClient(left); k > 0 {
+			left -= k
+			continue
+		}
+		if done, err := c.clientStep(); done || err != nil {
+			b.Fatalf("client step: done %v, %v", done, err)
+		}
+		left--
+	}
+	for left := upstreamMsgs; left > 0; {
+		if k := c.passUpstream(left); k > 0 {
+			left -= k
+			continue
+		}
+		if done, err := c.upstreamStep(); done || err != nil {
+			b.Fatalf("upstream step: done %v, %v", done, err)
+		}
+		left--
+	}
+}
+
+// exchangeFunc is relayExchange or passExchange.
+type exchangeFunc func(b *testing.B, c *conn, clientMsgs, upstreamMsgs int)
+
 // selectOneResponse is the server's answer to pgbench -S's SELECT, without the messages
 // that open it (RowDescription or BindComplete).
 func selectOneResponse() []interface{ Encode([]byte) ([]byte, error) } {
@@ -90,7 +119,12 @@ func selectOneResponse() []interface{ Encode([]byte) ([]byte, error) } {
 // BenchmarkHotPathQuery is a simple-protocol Query that needs no rewrite (pgbench -S -M
 // simple) through a rewriting session: the Query, then RowDescription, DataRow,
 // CommandComplete and ReadyForQuery. It should allocate nothing.
-func BenchmarkHotPathQuery(b *testing.B) {
+func BenchmarkHotPathQuery(b *testing.B) { benchHotPathQuery(b, relayExchange) }
+
+// BenchmarkHotPathQueryLoop is BenchmarkHotPathQuery as an event loop relays it.
+func BenchmarkHotPathQueryLoop(b *testing.B) { benchHotPathQuery(b, passExchange) }
+
+func benchHotPathQuery(b *testing.B, relayExchange exchangeFunc) {
 	const sql = "SELECT abalance FROM pgbench_accounts WHERE aid = 48213;"
 	client := encodeAll(b, &pgproto3.Query{String: sql})
 	upstream := encodeAll(b, append([]interface{ Encode([]byte) ([]byte, error) }{
@@ -109,7 +143,13 @@ func BenchmarkHotPathQuery(b *testing.B) {
 // rewrite (pgbench -S -M prepared) through a rewriting session: Bind, Execute and Sync,
 // then BindComplete, DataRow, CommandComplete and ReadyForQuery. It should allocate
 // nothing.
-func BenchmarkHotPathBindExecute(b *testing.B) {
+func BenchmarkHotPathBindExecute(b *testing.B) { benchHotPathBindExecute(b, relayExchange) }
+
+// BenchmarkHotPathBindExecuteLoop is BenchmarkHotPathBindExecute as an event loop relays
+// it.
+func BenchmarkHotPathBindExecuteLoop(b *testing.B) { benchHotPathBindExecute(b, passExchange) }
+
+func benchHotPathBindExecute(b *testing.B, relayExchange exchangeFunc) {
 	const sql = "SELECT abalance FROM pgbench_accounts WHERE aid = $1;"
 	prepare := encodeAll(b,
 		&pgproto3.Parse{Name: "P0_1", Query: sql, ParameterOIDs: []uint32{23}},
@@ -137,7 +177,12 @@ func BenchmarkHotPathBindExecute(b *testing.B) {
 // unnamed Parse, Bind, Describe, Execute and Sync of a statement that needs no rewrite,
 // then ParseComplete, BindComplete, RowDescription, DataRow, CommandComplete and
 // ReadyForQuery.
-func BenchmarkHotPathExtended(b *testing.B) {
+func BenchmarkHotPathExtended(b *testing.B) { benchHotPathExtended(b, relayExchange) }
+
+// BenchmarkHotPathExtendedLoop is BenchmarkHotPathExtended as an event loop relays it.
+func BenchmarkHotPathExtendedLoop(b *testing.B) { benchHotPathExtended(b, passExchange) }
+
+func benchHotPathExtended(b *testing.B, relayExchange exchangeFunc) {
 	const sql = "SELECT abalance FROM pgbench_accounts WHERE aid = $1;"
 	client := encodeAll(b,
 		&pgproto3.Parse{Query: sql, ParameterOIDs: []uint32{23}},

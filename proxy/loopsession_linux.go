@@ -392,6 +392,19 @@ func (ls *loopSession) process() {
 				continue
 			}
 			moved = true
+			if n >= 0 && ls.tx == nil {
+				// The messages that cross unchanged go out together.
+				var k int
+				if side == &ls.client {
+					k = c.passClient(budget)
+				} else {
+					k = c.passUpstream(budget)
+				}
+				if k > 0 {
+					budget -= k
+					continue
+				}
+			}
 			budget--
 			var done bool
 			switch {
@@ -432,7 +445,7 @@ func (ls *loopSession) process() {
 		return
 	}
 	ls.shrink()
-	if budget == 0 && !ls.queued {
+	if budget <= 0 && !ls.queued {
 		ls.queued = true
 		ls.loop.again = append(ls.loop.again, ls)
 	}

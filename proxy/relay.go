@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -78,6 +79,124 @@ func (c *conn) fromClient(typ byte, n int) error {
 		return writeError{err}
 	}
 	return c.cr.copyBody(c.server.w, n)
+}
+
+// passClient relays, as one write, the client messages buffered whole that cross
+// unchanged, at most max of them: in a rewriting session, a Query or Parse whose text
+// the prefilter or the rewriter's cache finds needs nothing, and the Bind, Describe,
+// Execute, Sync and Flush of statements without hidden parameters, whose bookkeeping is
+// done here as fromClient would do it. It stops at the first message that needs its
+// handler and at one not buffered whole, and reports how many messages it relayed. An
+// event loop calls it, so that a request costs one pass over its bytes and one write
+// rather than a handler call and a copy per message.
+func (c *conn) passClient(max int) int {
+	r := &c.cr
+	buf, _ := r.br.Peek(r.br.Buffered())
+	off, count := 0, 0
+	for count < max && len(buf)-off >= 5 {
+		typ := buf[off]
+		l := int(binary.BigEndian.Uint32(buf[off+1:]))
+		end := off + 1 + l
+		if l < 4 || l-4 > r.maxBody || end > len(buf) {
+			break // for the handler: not whole yet, or an error to report
+		}
+		if c.srv.Rewriter == nil {
+			switch typ {
+			case clientTerminate:
+				return c.relayClientPassed(off, count)
+			case clientQuery, clientSync, clientFunctionCall:
+				c.pending.Add(1)
+			}
+		} else if !c.passesRewriting(typ, buf[off+5:end]) {
+			break
+		}
+		off = end
+		count++
+	}
+	return c.relayClientPassed(off, count)
+}
+
+// passesRewriting does the bookkeeping of a client message of a rewriting session that
+// crosses unchanged, reporting false, having done nothing, when the message needs its
+// handler (see passClient).
+func (c *conn) passesRewriting(typ byte, body []byte) bool {
+	ss := &c.sess
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.skip || ss.copyIn != nil || ss.local != nil || ss.localStmt != nil || len(ss.stmts) > 0 {
+		// A refusal to skip past, a COPY whose rows get keys, a cycle answered locally,
+		// or statements with hidden parameters: the handlers know.
+		return false
+	}
+	switch typ {
+	case clientQuery:
+		sql, rest, ok := cStringView(body)
+		if !ok || len(rest) != 0 || !c.needsNothing(sql) {
+			return false
+		}
+		// As onQuery, then forwardQuery: no unnamed statement is left, and the Query
+		// ends any open cycle.
+		ss.unnamedGen++
+		ss.openLocked()
+		ss.cur = nil
+		c.pending.Add(1)
+	case clientParse:
+		name, rest, ok1 := cStringView(body)
+		sql, rest, ok2 := cStringView(rest)
+		if !ok1 || !ok2 || !isParamTypes(rest) || !c.needsNothing(sql) {
+			return false
+		}
+		// As handleParse, then forwardParse, with nothing to undo: no statement of
+		// that name is remembered.
+		if name == "" {
+			ss.unnamedGen++
+		}
+		cy := ss.openLocked()
+		cy.sent++
+		cy.undo = append(cy.undo, undoEntry{noop: true, confirm: serverParseComplete})
+	case clientDescribe:
+		if len(body) == 0 {
+			return false
+		}
+		cy := ss.openLocked()
+		cy.sent++
+		if body[0] == targetStatement {
+			cy.describes = append(cy.describes, 0)
+		}
+	case clientBind, clientExecute:
+		ss.openLocked().sent++
+	case clientSync:
+		ss.openLocked()
+		ss.cur = nil
+		c.pending.Add(1)
+	case clientFlush:
+	default:
+		return false
+	}
+	return true
+}
+
+// needsNothing reports whether the rewriter answers at once that sql needs no rewrite:
+// its prefilter, or its cache of texts, says so.
+func (c *conn) needsNothing(sql string) bool {
+	p, ok, err := c.srv.rewriter().Cached(sql)
+	return ok && p == nil && err == nil
+}
+
+// relayClientPassed writes the first n bytes buffered from the client, count messages
+// that passClient let through, upstream.
+func (c *conn) relayClientPassed(n, count int) int {
+	if n == 0 {
+		return 0
+	}
+	r := c.cr.br
+	p, _ := r.Peek(n)
+	_, _ = c.server.w.Write(p) // on a loop the sink keeps a write error for the loop to act on
+	_, _ = r.Discard(n)
+	if r.Buffered() == 0 {
+		_ = c.server.w.Flush()
+	}
+	return count
 }
 
 // clientReadFailed ends the client side after a failed read. A client that just goes away
@@ -192,6 +311,68 @@ func (c *conn) fromUpstream(typ byte, n int) (fatal bool, err error) {
 		return false, err
 	}
 	return false, c.server.r.copyBody(c.cw, n)
+}
+
+// passUpstream relays, as one write, the upstream messages buffered whole that cross
+// unchanged, at most max of them: the rows, completions and ReadyForQuery of a statement
+// that needed no rewrite, whose bookkeeping is done here as fromUpstream would do it. It
+// stops at the first message whose handler must decode or change it (an ErrorResponse, a
+// ParameterStatus, a ParseComplete not to relay, say), and at one not buffered whole,
+// and reports how many messages it relayed. An event loop calls it, so that a response
+// costs one pass over its bytes and one write rather than a handler call per message.
+func (c *conn) passUpstream(max int) int {
+	r := &c.server.r
+	buf, _ := r.br.Peek(r.br.Buffered())
+	rewriting := c.srv.Rewriter != nil
+	off, count := 0, 0
+	for count < max && len(buf)-off >= 5 {
+		typ := buf[off]
+		l := int(binary.BigEndian.Uint32(buf[off+1:]))
+		end := off + 1 + l
+		if l < 4 || l-4 > r.maxBody || end > len(buf) {
+			break // for the handler: not whole yet, or an error to report
+		}
+		switch typ {
+		case serverReadyForQuery:
+			if l != 5 {
+				return c.relayPassed(off, count)
+			}
+			c.server.txStatus.Store(uint32(buf[off+5]))
+			if rewriting {
+				c.endCycle()
+			} else {
+				c.pending.Add(-1)
+			}
+		case serverErrorResponse, serverParameterDescription, serverParameterStatus, serverCopyInResponse:
+			return c.relayPassed(off, count)
+		case serverParseComplete, serverBindComplete, serverCloseComplete, serverNoData,
+			serverRowDescription, serverCommandComplete, serverEmptyQueryResponse, serverPortalSuspended:
+			if rewriting && !c.terminalPasses(typ) {
+				return c.relayPassed(off, count)
+			}
+		}
+		off = end
+		count++
+	}
+	return c.relayPassed(off, count)
+}
+
+// relayPassed writes the first n bytes buffered from the upstream, count messages that
+// passUpstream let through, to the client.
+func (c *conn) relayPassed(n, count int) int {
+	if n == 0 {
+		return 0
+	}
+	r := c.server.r.br
+	p, _ := r.Peek(n)
+	c.cwMu.Lock()
+	_, _ = c.cw.Write(p) // on a loop the sink keeps a write error for the loop to act on
+	_, _ = r.Discard(n)
+	if r.Buffered() == 0 {
+		_ = c.cw.Flush()
+	}
+	c.cwMu.Unlock()
+	return count
 }
 
 // upstreamReadFailed tells the client, in PostgreSQL's words, that the server went away

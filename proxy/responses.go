@@ -94,6 +94,27 @@ func (c *conn) terminalResponse(typ byte) bool {
 	return true
 }
 
+// terminalPasses is terminalResponse for a response relayed with others in one write
+// (see passUpstream): it counts the response and reports true, or reports false, having
+// counted nothing, for one that terminalResponse would not relay.
+func (c *conn) terminalPasses(typ byte) bool {
+	ss := &c.sess
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	cy := ss.headLocked()
+	if cy == nil {
+		return true
+	}
+	if typ == serverParseComplete && len(cy.swallow) > 0 && cy.swallow[0] == cy.answered+1 {
+		return false
+	}
+	cy.answered++
+	if typ == serverParseComplete || typ == serverCloseComplete {
+		cy.confirmLocked(typ)
+	}
+	return true
+}
+
 // stripHidden removes the hidden parameters of the described statement from a
 // ParameterDescription, so the client sees the parameters it wrote.
 func (c *conn) stripHidden(body []byte) []byte {
@@ -121,6 +142,13 @@ func (c *conn) stripHidden(body []byte) []byte {
 // readyForQuery ends the oldest cycle: the statement map settles and ReadyForQuery goes
 // out.
 func (c *conn) readyForQuery(body []byte) error {
+	c.endCycle()
+	return c.writeClient(serverReadyForQuery, body)
+}
+
+// endCycle is what a ReadyForQuery does to the session's bookkeeping: the oldest cycle
+// ends and the statement map settles.
+func (c *conn) endCycle() {
 	ss := &c.sess
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
@@ -136,5 +164,4 @@ func (c *conn) readyForQuery(body []byte) error {
 		ss.settleLocked(cy)
 		ss.recycleLocked(cy)
 	}
-	return c.writeClient(serverReadyForQuery, body)
 }

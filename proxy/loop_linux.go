@@ -209,6 +209,9 @@ type eventLoop struct {
 	// when it last looked.
 	quiet     []*loopSession
 	lastSweep time.Time
+	// plain is the last text of a Query or Parse that the prefilter cleared, for the
+	// loop's sessions (see passClient).
+	plain plainMemo
 }
 
 func newEventLoop(g *loopGroup, slot int) (*eventLoop, error) {

@@ -396,7 +396,7 @@ func (ls *loopSession) process() {
 				// The messages that cross unchanged go out together.
 				var k int
 				if side == &ls.client {
-					k = c.passClient(budget)
+					k = c.passClient(budget, &ls.loop.plain)
 				} else {
 					k = c.passUpstream(budget)
 				}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/leafproxy/leafproxy/internal/sqlstate"
+	"github.com/leafproxy/leafproxy/rewrite"
 )
 
 func (c *conn) isClosed() bool {
@@ -89,7 +90,7 @@ func (c *conn) fromClient(typ byte, n int) error {
 // handler and at one not buffered whole, and reports how many messages it relayed. An
 // event loop calls it, so that a request costs one pass over its bytes and one write
 // rather than a handler call and a copy per message.
-func (c *conn) passClient(max int) int {
+func (c *conn) passClient(max int, memo *plainMemo) int {
 	r := &c.cr
 	buf, _ := r.br.Peek(r.br.Buffered())
 	off, count := 0, 0
@@ -107,7 +108,7 @@ func (c *conn) passClient(max int) int {
 			case clientQuery, clientSync, clientFunctionCall:
 				c.pending.Add(1)
 			}
-		} else if !c.passesRewriting(typ, buf[off+5:end]) {
+		} else if !c.passesRewriting(typ, buf[off+5:end], memo) {
 			break
 		}
 		off = end
@@ -119,7 +120,7 @@ func (c *conn) passClient(max int) int {
 // passesRewriting does the bookkeeping of a client message of a rewriting session that
 // crosses unchanged, reporting false, having done nothing, when the message needs its
 // handler (see passClient).
-func (c *conn) passesRewriting(typ byte, body []byte) bool {
+func (c *conn) passesRewriting(typ byte, body []byte, memo *plainMemo) bool {
 	ss := &c.sess
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
@@ -131,7 +132,7 @@ func (c *conn) passesRewriting(typ byte, body []byte) bool {
 	switch typ {
 	case clientQuery:
 		sql, rest, ok := cStringView(body)
-		if !ok || len(rest) != 0 || !c.needsNothing(sql) {
+		if !ok || len(rest) != 0 || !c.needsNothing(sql, memo) {
 			return false
 		}
 		// As onQuery, then forwardQuery: no unnamed statement is left, and the Query
@@ -143,7 +144,7 @@ func (c *conn) passesRewriting(typ byte, body []byte) bool {
 	case clientParse:
 		name, rest, ok1 := cStringView(body)
 		sql, rest, ok2 := cStringView(rest)
-		if !ok1 || !ok2 || !isParamTypes(rest) || !c.needsNothing(sql) {
+		if !ok1 || !ok2 || !isParamTypes(rest) || !c.needsNothing(sql, memo) {
 			return false
 		}
 		// As handleParse, then forwardParse, with nothing to undo: no statement of
@@ -177,10 +178,42 @@ func (c *conn) passesRewriting(typ byte, body []byte) bool {
 }
 
 // needsNothing reports whether the rewriter answers at once that sql needs no rewrite:
-// its prefilter, or its cache of texts, says so.
-func (c *conn) needsNothing(sql string) bool {
-	p, ok, err := c.srv.rewriter().Cached(sql)
+// memo or its prefilter, or its cache of texts, says so.
+func (c *conn) needsNothing(sql string, memo *plainMemo) bool {
+	rw := c.srv.rewriter()
+	if memo.clears(rw, sql) {
+		return true
+	}
+	if rw.Prefiltered(sql) {
+		memo.remember(rw, sql)
+		return true
+	}
+	p, ok, err := rw.Cached(sql)
 	return ok && p == nil && err == nil
+}
+
+// plainMemo remembers the last text a rewriter's prefilter cleared, so that the same
+// text again, from clients that parse their statement for every execution, is cleared
+// by comparing its bytes rather than by a scan. An event loop keeps one for all its
+// sessions.
+type plainMemo struct {
+	rw   *rewrite.Rewriter
+	text []byte
+}
+
+// maxPlainMemo is the longest text a plainMemo remembers.
+const maxPlainMemo = 512
+
+// clears reports whether sql is the text last remembered for rw.
+func (m *plainMemo) clears(rw *rewrite.Rewriter, sql string) bool {
+	return m.rw == rw && len(sql) == len(m.text) && string(m.text) == sql
+}
+
+// remember keeps sql, which rw's prefilter cleared.
+func (m *plainMemo) remember(rw *rewrite.Rewriter, sql string) {
+	if len(sql) <= maxPlainMemo {
+		m.rw, m.text = rw, append(m.text[:0], sql...)
+	}
 }
 
 // relayClientPassed writes the first n bytes buffered from the client, count messages

@@ -202,6 +202,12 @@ func (r *Rewriter) Cached(sql string) (p *Plan, ok bool, err error) {
 	return nil, false, nil
 }
 
+// Prefiltered reports whether the prefilter alone finds that sql needs nothing,
+// so that Plan returns (nil, nil) for it. The answer depends on the text and on
+// the Rewriter's settings only, never on its caches or the catalog: a caller may
+// remember it for as long as it uses this Rewriter.
+func (r *Rewriter) Prefiltered(sql string) bool { return !r.mayNeed(sql) }
+
 // maxCachedSQL bounds the memory of the caches: longer texts (bulk
 // multi-row INSERTs, generated SQL) rarely repeat, and 4096 of them could
 // otherwise pin gigabytes. They are planned on every use.

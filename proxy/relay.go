@@ -132,7 +132,8 @@ func (c *conn) passesRewriting(typ byte, body []byte, memo *plainMemo) bool {
 	switch typ {
 	case clientQuery:
 		sql, rest, ok := cStringView(body)
-		if !ok || len(rest) != 0 || !c.needsNothing(sql, memo) {
+		// No memo: the texts of Queries carry their values, and rarely repeat.
+		if !ok || len(rest) != 0 || !c.needsNothing(sql, nil) {
 			return false
 		}
 		// As onQuery, then forwardQuery: no unnamed statement is left, and the Query
@@ -178,24 +179,26 @@ func (c *conn) passesRewriting(typ byte, body []byte, memo *plainMemo) bool {
 }
 
 // needsNothing reports whether the rewriter answers at once that sql needs no rewrite:
-// memo or its prefilter, or its cache of texts, says so.
+// memo (if any) or its prefilter, or its cache of texts, says so.
 func (c *conn) needsNothing(sql string, memo *plainMemo) bool {
 	rw := c.srv.rewriter()
-	if memo.clears(rw, sql) {
+	if memo != nil && memo.clears(rw, sql) {
 		return true
 	}
 	if rw.Prefiltered(sql) {
-		memo.remember(rw, sql)
+		if memo != nil {
+			memo.remember(rw, sql)
+		}
 		return true
 	}
 	p, ok, err := rw.Cached(sql)
 	return ok && p == nil && err == nil
 }
 
-// plainMemo remembers the last text a rewriter's prefilter cleared, so that the same
-// text again, from clients that parse their statement for every execution, is cleared
-// by comparing its bytes rather than by a scan. An event loop keeps one for all its
-// sessions.
+// plainMemo remembers the last text of a Parse a rewriter's prefilter cleared, so
+// that the same text again, from clients that parse their statement for every
+// execution, is cleared by comparing its bytes rather than by a scan. An event loop
+// keeps one for all its sessions.
 type plainMemo struct {
 	rw   *rewrite.Rewriter
 	text []byte

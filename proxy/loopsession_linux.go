@@ -394,11 +394,15 @@ func (ls *loopSession) process() {
 			moved = true
 			if n >= 0 && ls.tx == nil {
 				// The messages that cross unchanged go out together.
-				var k int
+				var run, k int
 				if side == &ls.client {
-					k = c.passClient(budget, &ls.loop.plain)
+					run, k = c.passClientRun(budget, &ls.loop.plain)
+					ls.relayRun(&c.cr, c.server.w, &ls.upstream, run)
 				} else {
-					k = c.passUpstream(budget)
+					run, k = c.passUpstreamRun(budget)
+					c.cwMu.Lock()
+					ls.relayRun(&c.server.r, c.cw, &ls.client, run)
+					c.cwMu.Unlock()
 				}
 				if k > 0 {
 					budget -= k
@@ -487,6 +491,19 @@ func (ls *loopSession) whole(r *msgReader, in *endReader) (typ byte, n int, read
 		}
 	}
 	return typ, n, true, false
+}
+
+// relayRun writes the first n bytes r holds, a run of messages cleared to pass, to the
+// side to, as relayRun does through w. When w holds nothing and r nothing more, they go
+// straight from r's buffer to the socket of a plain side, without a copy into w.
+func (ls *loopSession) relayRun(r *msgReader, w *bufio.Writer, to *loopEnd, n int) {
+	if n == 0 || w.Buffered() > 0 || to.tls != nil || to.pio != nil || r.br.Buffered() != n {
+		relayRun(r, w, n)
+		return
+	}
+	p, _ := r.br.Peek(n)
+	_, _ = to.sink.Write(p) // what the socket does not take now waits in pending
+	_, _ = r.br.Discard(n)
 }
 
 // startStream starts forwarding the upstream's next message, too large for the loop to

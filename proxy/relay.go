@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -89,8 +90,16 @@ func (c *conn) fromClient(typ byte, n int) error {
 // done here as fromClient would do it. It stops at the first message that needs its
 // handler and at one not buffered whole, and reports how many messages it relayed. An
 // event loop calls it, so that a request costs one pass over its bytes and one write
-// rather than a handler call and a copy per message.
+// rather than a handler call and a copy per message (see passClientRun).
 func (c *conn) passClient(max int, memo *plainMemo) int {
+	n, count := c.passClientRun(max, memo)
+	relayRun(&c.cr, c.server.w, n)
+	return count
+}
+
+// passClientRun does the bookkeeping of passClient and reports how many bytes and
+// messages it cleared to go upstream; the caller relays them.
+func (c *conn) passClientRun(max int, memo *plainMemo) (n, count int) {
 	r := &c.cr
 	buf, _ := r.br.Peek(r.br.Buffered())
 	off, count := 0, 0
@@ -104,7 +113,7 @@ func (c *conn) passClient(max int, memo *plainMemo) int {
 		if c.srv.Rewriter == nil {
 			switch typ {
 			case clientTerminate:
-				return c.relayClientPassed(off, count)
+				return off, count
 			case clientQuery, clientSync, clientFunctionCall:
 				c.pending.Add(1)
 			}
@@ -114,7 +123,7 @@ func (c *conn) passClient(max int, memo *plainMemo) int {
 		off = end
 		count++
 	}
-	return c.relayClientPassed(off, count)
+	return off, count
 }
 
 // passesRewriting does the bookkeeping of a client message of a rewriting session that
@@ -217,22 +226,6 @@ func (m *plainMemo) remember(rw *rewrite.Rewriter, sql string) {
 	if len(sql) <= maxPlainMemo {
 		m.rw, m.text = rw, append(m.text[:0], sql...)
 	}
-}
-
-// relayClientPassed writes the first n bytes buffered from the client, count messages
-// that passClient let through, upstream.
-func (c *conn) relayClientPassed(n, count int) int {
-	if n == 0 {
-		return 0
-	}
-	r := c.cr.br
-	p, _ := r.Peek(n)
-	_, _ = c.server.w.Write(p) // on a loop the sink keeps a write error for the loop to act on
-	_, _ = r.Discard(n)
-	if r.Buffered() == 0 {
-		_ = c.server.w.Flush()
-	}
-	return count
 }
 
 // clientReadFailed ends the client side after a failed read. A client that just goes away
@@ -354,9 +347,20 @@ func (c *conn) fromUpstream(typ byte, n int) (fatal bool, err error) {
 // that needed no rewrite, whose bookkeeping is done here as fromUpstream would do it. It
 // stops at the first message whose handler must decode or change it (an ErrorResponse, a
 // ParameterStatus, a ParseComplete not to relay, say), and at one not buffered whole,
-// and reports how many messages it relayed. An event loop calls it, so that a response
-// costs one pass over its bytes and one write rather than a handler call per message.
+// and reports how many messages it relayed. An event loop passes them (passUpstreamRun),
+// so that a response costs one pass over its bytes and one write rather than a handler
+// call per message.
 func (c *conn) passUpstream(max int) int {
+	n, count := c.passUpstreamRun(max)
+	c.cwMu.Lock()
+	relayRun(&c.server.r, c.cw, n)
+	c.cwMu.Unlock()
+	return count
+}
+
+// passUpstreamRun does the bookkeeping of passUpstream and reports how many bytes and
+// messages it cleared to go to the client; the caller relays them.
+func (c *conn) passUpstreamRun(max int) (n, count int) {
 	r := &c.server.r
 	buf, _ := r.br.Peek(r.br.Buffered())
 	rewriting := c.srv.Rewriter != nil
@@ -371,7 +375,7 @@ func (c *conn) passUpstream(max int) int {
 		switch typ {
 		case serverReadyForQuery:
 			if l != 5 {
-				return c.relayPassed(off, count)
+				return off, count
 			}
 			c.server.txStatus.Store(uint32(buf[off+5]))
 			if rewriting {
@@ -380,35 +384,31 @@ func (c *conn) passUpstream(max int) int {
 				c.pending.Add(-1)
 			}
 		case serverErrorResponse, serverParameterDescription, serverParameterStatus, serverCopyInResponse:
-			return c.relayPassed(off, count)
+			return off, count
 		case serverParseComplete, serverBindComplete, serverCloseComplete, serverNoData,
 			serverRowDescription, serverCommandComplete, serverEmptyQueryResponse, serverPortalSuspended:
 			if rewriting && !c.terminalPasses(typ) {
-				return c.relayPassed(off, count)
+				return off, count
 			}
 		}
 		off = end
 		count++
 	}
-	return c.relayPassed(off, count)
+	return off, count
 }
 
-// relayPassed writes the first n bytes buffered from the upstream, count messages that
-// passUpstream let through, to the client.
-func (c *conn) relayPassed(n, count int) int {
+// relayRun writes the first n bytes r holds, a run of messages cleared to pass, to w,
+// and flushes w when r holds nothing more.
+func relayRun(r *msgReader, w *bufio.Writer, n int) {
 	if n == 0 {
-		return 0
+		return
 	}
-	r := c.server.r.br
-	p, _ := r.Peek(n)
-	c.cwMu.Lock()
-	_, _ = c.cw.Write(p) // on a loop the sink keeps a write error for the loop to act on
-	_, _ = r.Discard(n)
-	if r.Buffered() == 0 {
-		_ = c.cw.Flush()
+	p, _ := r.br.Peek(n)
+	_, _ = w.Write(p) // on a loop the sink keeps a write error for the loop to act on
+	_, _ = r.br.Discard(n)
+	if r.br.Buffered() == 0 {
+		_ = w.Flush()
 	}
-	c.cwMu.Unlock()
-	return count
 }
 
 // upstreamReadFailed tells the client, in PostgreSQL's words, that the server went away

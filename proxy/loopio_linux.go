@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -107,7 +108,9 @@ func rawIO(trap uintptr, fd int, p []byte) (int, error) {
 	if len(p) > 0 {
 		ptr = unsafe.Pointer(&p[0])
 	}
-	n, _, errno := unix.RawSyscall(trap, uintptr(fd), uintptr(ptr), uintptr(len(p)))
+	// syscall's own RawSyscall, a Go function: x/sys/unix's is an assembly stub that
+	// reaches it through an ABI wrapper, two more calls per read or write.
+	n, _, errno := syscall.RawSyscall(trap, uintptr(fd), uintptr(ptr), uintptr(len(p)))
 	if errno != 0 {
 		return 0, errno
 	}

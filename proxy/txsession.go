@@ -259,8 +259,10 @@ type txHost interface {
 	post(f func()) bool
 	// dropServer stops watching the socket of the borrowed connection; called by the
 	// session's goroutine just before the connection goes back to the pool, where another
-	// loop may take it at once.
-	dropServer()
+	// loop may take it at once. With keep, the connection goes back clean and its socket
+	// may stay in the loop's epoll set for the next borrower of the loop (see
+	// physIO.park).
+	dropServer(keep bool)
 	// resume runs the session on its loop after a wait for a connection has ended; called
 	// on the loop's goroutine.
 	resume()
@@ -389,11 +391,11 @@ func (v *pooledConn) giveBack(st pool.State) {
 		}
 	}
 	if io := v.pc.io; io != nil {
-		if v.host != nil {
-			v.host.dropServer()
-		}
 		if len(io.sink.pending) > 0 && st != pool.Broken {
 			st = pool.Broken // output the server never got: its state is unknown
+		}
+		if v.host != nil {
+			v.host.dropServer(st == pool.Clean)
 		}
 		io.onLoop = false
 	}

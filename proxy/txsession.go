@@ -169,8 +169,10 @@ type pooledConn struct {
 	onAnswer     func(*pool.Wait[*physConn], *pool.Server[*physConn], error)
 	takeAnswerFn func()
 
-	// Protocol state of the borrowed connection.
+	// Protocol state of the borrowed connection. queue is consumed from its front; qarr
+	// is the array it lives in, where it starts again when empty (see push).
 	queue       []expect
+	qarr        []expect
 	outstanding int  // ReadyForQuery messages the server still owes
 	unsynced    bool // extended-protocol messages sent since the last Sync
 	txStatus    byte
@@ -205,6 +207,10 @@ type pooledConn struct {
 	wbuf       []byte
 	obuf       []byte
 	discarding []byte // ErrorResponse to answer at the Sync; nil when not discarding
+	// heldVerdict is the verdict on the message at the head of wbuf, which waits for a
+	// connection (verdictHeld), so that its text is not looked at again.
+	heldVerdict queryVerdict
+	verdictHeld bool
 
 	// Read side: bytes ready for the caller, answers of the proxy's own, and the rest of
 	// a large message streamed from pc.
@@ -528,10 +534,13 @@ func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte
 		return out, pc, nil
 	}
 	var verdict queryVerdict
-	switch typ {
-	case clientQuery:
+	switch {
+	case v.verdictHeld:
+		// The message waited for a connection: it was looked at already.
+		verdict, v.heldVerdict, v.verdictHeld = v.heldVerdict, queryVerdict{}, false
+	case typ == clientQuery:
 		verdict = v.checkQuery(body)
-	case clientParse:
+	case typ == clientParse:
 		verdict = v.checkParse(body)
 	}
 	if v.pc == nil && v.answerIdle(typ, body, verdict) {
@@ -548,6 +557,7 @@ func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte
 		}
 		srv, err := v.borrow()
 		if err == errAwaitServer {
+			v.heldVerdict, v.verdictHeld = verdict, true
 			return out, pc, err
 		}
 		if v.closed {
@@ -590,19 +600,19 @@ func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte
 		e := expect{kind: expQuery}
 		if r := verdict.refusal; r != nil {
 			e.refusal = r
-			v.queue = append(v.queue, e)
+			v.push(e)
 			return appendQuery(out, standInSQL), pc, nil
 		}
-		v.queue = append(v.queue, e)
+		v.push(e)
 	case clientFunctionCall:
 		v.outstanding++
 		v.queries++
-		v.queue = append(v.queue, expect{kind: expQuery})
+		v.push(expect{kind: expQuery})
 	case clientSync:
 		v.outstanding++
 		v.queries++
 		v.unsynced = false
-		v.queue = append(v.queue, expect{kind: expSync})
+		v.push(expect{kind: expSync})
 	case clientParse:
 		v.unsynced = true
 		return v.parse(out, msg, verdict), pc, nil
@@ -622,7 +632,7 @@ func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte
 		if len(body) >= 2 && body[0] == targetStatement {
 			name := zstring(body[1:])
 			if name != "" {
-				v.queue = append(v.queue, expect{kind: expClose, client: name, stmt: v.stmts[name]})
+				v.push(expect{kind: expClose, client: name, stmt: v.stmts[name]})
 				delete(v.stmts, name)
 				return appendMessage(out, clientClose, []byte{targetPortal}, []byte(noPortal), []byte{0}), pc, nil
 			}
@@ -630,7 +640,7 @@ func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte
 		} else if len(body) >= 2 {
 			delete(v.deallocPortals, zstring(body[1:]))
 		}
-		v.queue = append(v.queue, expect{kind: expClose})
+		v.push(expect{kind: expClose})
 	case clientExecute:
 		v.unsynced = true
 		if v.trackExecutes {
@@ -640,6 +650,20 @@ func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte
 		v.unsynced = true
 	}
 	return append(out, msg...), pc, nil
+}
+
+// push queues an answer the server owes the proxy. The queue is consumed from its front
+// (v.queue[1:]), which loses the array's first places: an empty queue starts again at the
+// front of its array, so that once the array is large enough for a session's cycles, its
+// appends allocate nothing.
+func (v *pooledConn) push(e expect) {
+	if len(v.queue) == 0 {
+		v.queue = v.qarr[:0]
+	}
+	v.queue = append(v.queue, e)
+	if cap(v.queue) > cap(v.qarr) {
+		v.qarr = v.queue[:0] // grown into a new array, which starts with the queue
+	}
 }
 
 // noPortal is a portal name no client can have: the proxy closes it in answer to a
@@ -660,7 +684,7 @@ func (v *pooledConn) parse(out, msg []byte, verdict queryVerdict) []byte {
 		if name == "" {
 			v.unnamed, v.pc.unnamed = nil, nil
 		}
-		v.queue = append(v.queue, expect{kind: expParse, refusal: r})
+		v.push(expect{kind: expParse, refusal: r})
 		return appendMessage(out, clientParse, standInParseNamed)
 	}
 	var st *clientStmt
@@ -674,7 +698,7 @@ func (v *pooledConn) parse(out, msg []byte, verdict queryVerdict) []byte {
 	}
 	if name == "" {
 		v.unnamed, v.pc.unnamed = st, st
-		v.queue = append(v.queue, expect{kind: expParse})
+		v.push(expect{kind: expParse})
 		if st.dealloc != nil {
 			return appendMessage(out, clientParse, []byte{0}, st.rest)
 		}
@@ -687,11 +711,11 @@ func (v *pooledConn) parse(out, msg []byte, verdict queryVerdict) []byte {
 		// gets the server's own answer to its Parse.
 		v.pc.prepared.remove(st.sname)
 		out = appendMessage(out, clientClose, []byte{targetStatement}, []byte(st.sname), []byte{0})
-		v.queue = append(v.queue, expect{kind: expInjectedClose, name: st.sname, was: true})
+		v.push(expect{kind: expInjectedClose, name: st.sname, was: true})
 	}
 	out = v.makeRoom(out)
 	v.pc.prepared.use(st.sname)
-	v.queue = append(v.queue, expect{kind: expParse, name: st.sname, client: name})
+	v.push(expect{kind: expParse, name: st.sname, client: name})
 	return appendMessage(out, clientParse, []byte(st.sname), []byte{0}, st.rest)
 }
 
@@ -705,7 +729,7 @@ func (v *pooledConn) ensure(out *[]byte, name string) (string, bool) {
 			*out = v.closeUnnamed(*out)
 		case v.pc.unnamed != v.unnamed:
 			*out = appendMessage(*out, clientParse, []byte{0}, v.unnamed.rest)
-			v.queue = append(v.queue, expect{kind: expInjectedParse})
+			v.push(expect{kind: expInjectedParse})
 			v.pc.unnamed = v.unnamed
 		}
 		return "", true
@@ -717,7 +741,7 @@ func (v *pooledConn) ensure(out *[]byte, name string) (string, bool) {
 	if !v.pc.prepared.has(st.sname) {
 		*out = v.makeRoom(*out)
 		*out = appendMessage(*out, clientParse, []byte(st.sname), []byte{0}, st.rest)
-		v.queue = append(v.queue, expect{kind: expInjectedParse, name: st.sname})
+		v.push(expect{kind: expInjectedParse, name: st.sname})
 	}
 	v.pc.prepared.use(st.sname)
 	return st.sname, true
@@ -889,6 +913,9 @@ func (v *pooledConn) readServer(pc *physConn, p []byte) (int, error) {
 		// Taken off pc before it is handled: handling it may give pc back.
 		peeked, _ := pc.br.Peek(5 + n)
 		msg := append(v.rbuf[:0], peeked...)
+		if cap(msg) <= keepBufferSize {
+			v.rbuf = msg
+		}
 		_, _ = pc.br.Discard(5 + n)
 		v.serverMessage(msg)
 	}

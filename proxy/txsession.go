@@ -156,6 +156,7 @@ type pooledConn struct {
 	// the loop (granted) as grant and grantErr.
 	host     txHost
 	wait     *pool.Wait[*physConn]
+	waitIn   pool.Wait[*physConn] // where the session waits: one wait at a time
 	awaiting bool
 	granted  bool
 	grant    *pool.Server[*physConn]
@@ -301,7 +302,7 @@ func (v *pooledConn) borrow() (*pool.Server[*physConn], error) {
 	if v.onAnswer == nil {
 		v.onAnswer, v.takeAnswerFn = v.poolAnswer, v.takeAnswer
 	}
-	srv, w, err := p.AcquireFunc(v.key, v.onAnswer)
+	srv, w, err := p.AcquireFuncIn(v.key, &v.waitIn, v.onAnswer)
 	if w != nil {
 		v.wait = w
 		return nil, errAwaitServer
@@ -374,15 +375,16 @@ func (v *pooledConn) dropWaitContext() {
 // errWaitCancelled ends a wait for a server connection that the client cancelled.
 var errWaitCancelled = errors.New("canceling statement due to user request")
 
-// take makes srv the session's connection and applies the client's settings to it.
-func (v *pooledConn) take(srv *pool.Server[*physConn]) []byte {
+// take makes srv the session's connection and appends to out what applies the client's
+// settings to it.
+func (v *pooledConn) take(out []byte, srv *pool.Server[*physConn]) []byte {
 	v.srv, v.pc = srv, srv.Conn()
 	if v.pc.io != nil {
 		v.pc.io.onLoop = v.host != nil
 	}
 	v.readerOn, v.release, v.queries = true, false, 0
 	v.cond.Broadcast()
-	return v.applySettings(nil)
+	return v.applySettings(out)
 }
 
 // giveBack returns the borrowed connection to the pool.
@@ -578,7 +580,7 @@ func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte
 			}
 			return out, pc, nil
 		}
-		out = v.take(srv)
+		out = v.take(out, srv)
 	}
 	pc = v.pc
 	if !v.readerOn {

@@ -73,6 +73,7 @@ type Pool[C any] struct {
 	mu      sync.Mutex
 	set     Settings
 	keys    map[Key]*keyPool[C]
+	lastKey *keyPool[C] // the key's pool keyPoolLocked returned last; nil after forgetLocked
 	dbs     map[string]*database[C]
 	closed  bool
 	busy    int           // connections lent, being reset or being dialled, over all keys
@@ -622,7 +623,13 @@ func (p *Pool[C]) loginFailedLocked(kp *keyPool[C], err error, now time.Time) {
 }
 
 func (p *Pool[C]) keyPoolLocked(key Key) *keyPool[C] {
+	// Most pools serve one key, or a few in turns: comparing two short names is quicker
+	// than hashing them.
+	if kp := p.lastKey; kp != nil && kp.key == key {
+		return kp
+	}
 	if kp := p.keys[key]; kp != nil {
+		p.lastKey = kp
 		return kp
 	}
 	db := p.dbs[key.Database]
@@ -633,6 +640,7 @@ func (p *Pool[C]) keyPoolLocked(key Key) *keyPool[C] {
 	kp := &keyPool[C]{key: key, db: db, lim: p.set.limitsFor(key)}
 	db.pools = append(db.pools, kp)
 	p.keys[key] = kp
+	p.lastKey = kp
 	return kp
 }
 

@@ -120,13 +120,13 @@ func (ls *loopSession) dropServer(keep bool) {
 // syncServer makes the session's upstream side the socket of the connection it holds
 // now, if any; it reports false when the loop cannot watch it.
 func (ls *loopSession) syncServer() bool {
+	// The loop's goroutine alone borrows and gives back the session's connection (v.pc):
+	// it reads it without the lock.
 	v := ls.tx
-	v.mu.Lock()
 	var pio *physIO
 	if v.pc != nil {
 		pio = v.pc.io
 	}
-	v.mu.Unlock()
 	e := &ls.upstream
 	if e.pio == pio && (pio == nil) == (e.slot == 0) {
 		return true
@@ -149,6 +149,9 @@ func (ls *loopSession) syncServer() bool {
 // holds no connection and has nothing in progress or buffered.
 func (ls *loopSession) txQuiet() bool {
 	c, v := ls.c, ls.tx
+	if v.awaiting || v.pc != nil {
+		return false // fields the loop's goroutine alone changes: no need for the lock
+	}
 	if ls.bare || ls.finishing || ls.streaming > 0 || len(ls.client.sink.pending) > 0 ||
 		len(ls.client.in.held) > 0 || len(ls.upstream.in.held) > 0 || ls.upstream.slot != 0 {
 		return false

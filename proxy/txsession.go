@@ -128,7 +128,8 @@ type expect struct {
 
 // pooledConn is the server side of a session in transaction mode; see the top of the
 // file. Write is called by whoever flushes the session's server writer, Read by the
-// goroutine that relays the server's messages; both may block, neither holds mu then.
+// goroutine that relays the server's messages; both may block, neither holds mu then. On
+// an event loop neither blocks, and Read holds mu while it reads the borrowed connection.
 type pooledConn struct {
 	c   *conn
 	key pool.Key
@@ -810,11 +811,17 @@ func (v *pooledConn) Read(p []byte) (int, error) {
 			continue
 		}
 		pc := v.pc
-		v.reading = true
-		v.mu.Unlock()
-		n, err := v.readServer(pc, p)
-		v.mu.Lock()
-		v.reading = false
+		var n int
+		var err error
+		if v.host != nil {
+			n, err = v.readServer(pc, p, true) // a loop's reads never block
+		} else {
+			v.reading = true
+			v.mu.Unlock()
+			n, err = v.readServer(pc, p, false)
+			v.mu.Lock()
+			v.reading = false
+		}
 		if err != nil && isWouldBlock(err) {
 			closed := v.closed
 			v.mu.Unlock()
@@ -842,10 +849,11 @@ func (v *pooledConn) Read(p []byte) (int, error) {
 }
 
 // readServer reads from pc: the next piece of a streamed message straight into p, or
-// whole messages, which serverMessage handles (with mu held). On an event loop pc's
-// reads do not block: a message that has not arrived whole waits in rbuf (rneed more
-// bytes to come), and errWouldBlock says that nothing more is to be had now.
-func (v *pooledConn) readServer(pc *physConn, p []byte) (int, error) {
+// whole messages, which serverMessage handles (with mu held: held says the caller holds
+// it throughout, else readServer takes it for them). On an event loop pc's reads do not
+// block, and the caller holds mu: a message that has not arrived whole waits in rbuf
+// (rneed more bytes to come), and errWouldBlock says that nothing more is to be had now.
+func (v *pooledConn) readServer(pc *physConn, p []byte, held bool) (int, error) {
 	if v.rpc != pc {
 		v.rpc, v.rstream, v.rneed = pc, 0, 0
 	}
@@ -867,9 +875,13 @@ func (v *pooledConn) readServer(pc *physConn, p []byte) (int, error) {
 			return 0, errMessageTooLarge
 		}
 		if (h[0] == serverDataRow || h[0] == serverCopyData) && n > keepBufferSize {
-			v.mu.Lock()
+			if !held {
+				v.mu.Lock()
+			}
 			injected := len(v.queue) > 0 && v.queue[0].kind == expInjectedQuery
-			v.mu.Unlock()
+			if !held {
+				v.mu.Unlock()
+			}
 			if !injected {
 				v.rstream = n
 				copied := copy(p, h) // p is a bufio.Reader's buffer: never shorter than 5
@@ -901,8 +913,10 @@ func (v *pooledConn) readServer(pc *physConn, p []byte) (int, error) {
 	if cap(msg) > keepBufferSize {
 		v.rbuf = nil
 	}
-	v.mu.Lock()
-	defer v.mu.Unlock()
+	if !held {
+		v.mu.Lock()
+		defer v.mu.Unlock()
+	}
 	v.serverMessage(msg)
 	// The messages already buffered whole go in the same turn, under one lock, until the
 	// connection is given back.

@@ -374,6 +374,10 @@ func (l *eventLoop) run() {
 				continue
 			}
 			if end := l.ends[ev.Fd]; end != nil && end.token == loopToken(ev.Pad) {
+				if end.ls == nil {
+					end.pio.idleEvent(l, end) // a pooled connection parked idle
+					continue
+				}
 				end.ls.event(end, ev.Events)
 				if l.gen.Load() != gen {
 					// The new runner sees the remaining events again: the epoll
@@ -450,7 +454,7 @@ func (l *eventLoop) checkDeadlines() {
 func (l *eventLoop) failAll() {
 	sessions := make(map[*loopSession]bool)
 	for _, end := range l.ends {
-		if end != nil {
+		if end != nil && end.ls != nil {
 			sessions[end.ls] = true
 		}
 	}

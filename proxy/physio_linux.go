@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -29,6 +30,106 @@ type physIO struct {
 	readDeadline, writeDeadline time.Time
 	closed                      atomic.Bool
 	local, remote               net.Addr
+
+	// The socket's registration in the epoll set of an event loop while the connection
+	// is idle (see park), guarded by regMu: home is that loop and parked its entry in the
+	// loop's table of sockets (whose ls is nil); both nil when the socket is in no set,
+	// or in the set of the session that borrows it.
+	regMu  sync.Mutex
+	home   *eventLoop
+	parked *loopEnd
+}
+
+// A session of an event loop that gives its connection back clean leaves the socket in
+// the loop's epoll set (park), where the loop's next borrower of the connection finds it
+// (adopt): a borrow then costs no epoll_ctl to add the socket and none to remove it,
+// which with more clients than connections is two system calls per transaction. While
+// the connection is idle, the loop's table holds the registration under a placeholder
+// end of the connection's own. Whatever comes on an idle connection (the server closing
+// it, say) takes it out of the set (idleEvent), lest the level-triggered set report it
+// again and again; so does a borrower of another loop (adopt) and a close (Close).
+
+// park moves the registration of e, the server side of a session of l that gives the
+// connection back clean, from e to the connection; it reports false when there is none
+// to move. Called on l's goroutine.
+func (x *physIO) park(l *eventLoop, e *loopEnd) bool {
+	if e.slot == 0 || !e.watched || e.hup || l.ends[e.slot] != e {
+		return false
+	}
+	x.regMu.Lock()
+	defer x.regMu.Unlock()
+	if x.closed.Load() {
+		return false
+	}
+	pe := x.parked
+	if pe == nil {
+		pe = &loopEnd{pio: x}
+		x.parked = pe
+	}
+	pe.fd, pe.token, pe.slot, pe.events, pe.watched = e.fd, e.token, e.slot, e.events, true
+	x.home = l
+	l.ends[e.slot] = pe
+	e.slot, e.watched, e.events = 0, false, 0
+	return true
+}
+
+// adopt moves the registration the connection kept in l's epoll set to e, the server
+// side of the session of l that borrows it, reporting false when it kept none there; a
+// registration kept in another loop's set is taken out of it. Called on l's goroutine.
+func (x *physIO) adopt(l *eventLoop, e *loopEnd) bool {
+	x.regMu.Lock()
+	defer x.regMu.Unlock()
+	home, pe := x.home, x.parked
+	if home == nil {
+		return false
+	}
+	x.home = nil
+	if home != l {
+		// The other loop's table keeps pe until the loop frees the slot itself.
+		x.parked = nil
+		home.dropParked(pe, true)
+		return false
+	}
+	e.fd, e.token, e.slot, e.events, e.watched = pe.fd, pe.token, pe.slot, pe.events, true
+	l.ends[pe.slot] = e
+	pe.slot = 0
+	return true
+}
+
+// idleEvent handles readiness of a connection parked in l's epoll set: it leaves the
+// set, for a level-triggered set would report it again and again; its next borrower finds
+// what came. Called on l's goroutine.
+func (x *physIO) idleEvent(l *eventLoop, pe *loopEnd) {
+	x.regMu.Lock()
+	defer x.regMu.Unlock()
+	if x.home != l || x.parked != pe {
+		return // moved meanwhile; the slot is freed by the mover's dropParked
+	}
+	x.home = nil
+	if !x.closed.Load() {
+		_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, pe.fd, nil)
+	}
+	l.ends[pe.slot] = nil
+	l.freeSlots = append(l.freeSlots, pe.slot)
+	pe.slot = 0
+}
+
+// dropParked takes pe, the placeholder of a connection parked in l's set, out of l:
+// out of the epoll set when del (the socket is still open; l.mu keeps l's epoll
+// descriptor from closing meanwhile), and out of l's table on l's own goroutine. Called
+// by another goroutine with the connection's regMu held.
+func (l *eventLoop) dropParked(pe *loopEnd, del bool) {
+	l.mu.Lock()
+	if del && !l.stopped {
+		_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, pe.fd, nil)
+	}
+	l.mu.Unlock()
+	l.post(func() {
+		if pe.slot > 0 && l.ends[pe.slot] == pe {
+			l.ends[pe.slot] = nil
+			l.freeSlots = append(l.freeSlots, pe.slot)
+		}
+	})
 }
 
 // loopNative moves p's socket out of the runtime's poller, onto a physIO; p has just
@@ -132,10 +233,16 @@ func (x *physIO) wait(events int16, deadline time.Time) error {
 	}
 }
 
-// Close closes the socket, once.
+// Close closes the socket, once; closing takes it out of any epoll set.
 func (x *physIO) Close() error {
+	x.regMu.Lock()
+	defer x.regMu.Unlock()
 	if x.closed.Swap(true) {
 		return nil
+	}
+	if x.home != nil {
+		x.home.dropParked(x.parked, false)
+		x.home, x.parked = nil, nil
 	}
 	return unix.Close(x.src.fd)
 }

@@ -92,8 +92,24 @@ func (v *pooledConn) noteSetConfig(sql string) {
 	}
 }
 
+// hasWordAt reports whether w, a lower-case ASCII word, is at sql[i:] in any case. It
+// compares byte by byte, ASCII letters folded: what strings.EqualFold makes of as many
+// bytes as w has (a multi-byte character among them never matches), without making a
+// string of them first; scanTxWords calls it at most letters of every statement.
 func hasWordAt[T string | []byte](sql T, i int, w string) bool {
-	return len(sql)-i >= len(w) && strings.EqualFold(string(sql[i:i+len(w)]), w)
+	if len(sql)-i < len(w) {
+		return false
+	}
+	for j := range len(w) {
+		c := sql[i+j]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != w[j] {
+			return false
+		}
+	}
+	return true
 }
 
 // customSetAt reports whether a SET (or RESET) of a name with a dot is at sql[i:].

@@ -232,7 +232,7 @@ func (v *pooledConn) deallocateInTransaction(out []byte, d *deallocation) ([]byt
 	v.outstanding++
 	v.queries++
 	v.pc.unnamed = nil // a Query replaces the unnamed statement
-	v.queue = append(v.queue, expect{kind: expQuery, dealloc: d})
+	v.push(expect{kind: expQuery, dealloc: d})
 	return appendQuery(out, ""), nil
 }
 

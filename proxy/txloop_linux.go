@@ -17,7 +17,9 @@ import (
 // reads and writes whichever pooled connection (physConn) the session borrows, without
 // blocking. While the session holds one, the loop watches that connection's socket as
 // the session's upstream side (loopEnd.pio), and lets go of it before the connection
-// goes back to the pool (dropServer), where a session of another loop may take it.
+// goes back to the pool (dropServer), where a session of another loop may take it. A
+// connection given back clean keeps its place in the loop's epoll set for the loop's
+// next borrower (see physIO.park).
 //
 // Nothing blocks on the loop: a borrow that must wait leaves the client's messages in the
 // pooledConn, and the loop stops reading the client until the pool's answer arrives
@@ -102,24 +104,29 @@ func (ls *loopSession) release(srv *pool.Server[*physConn], st pool.State) {
 	srv.Release(st)
 }
 
-// dropServer is the txHost's: the loop stops watching the borrowed connection's socket
-// at once. Its place in the loop's table is given back by syncServer, on the loop.
-func (ls *loopSession) dropServer() {
+// dropServer is the txHost's: the session stops watching the borrowed connection's
+// socket at once. With keep, on the loop's goroutine, the socket stays in the loop's
+// epoll set, parked with the connection for the loop's next borrower (see physIO.park);
+// otherwise it leaves the set, and its place in the loop's table is given back by
+// syncServer, on the loop.
+func (ls *loopSession) dropServer(keep bool) {
 	e := &ls.upstream
-	ls.loop.unwatch(e)
+	if !keep || ls.detached || e.pio == nil || !e.pio.park(ls.loop, e) {
+		ls.loop.unwatch(e)
+	}
 	e.pio, e.hup = nil, false
 }
 
 // syncServer makes the session's upstream side the socket of the connection it holds
 // now, if any; it reports false when the loop cannot watch it.
 func (ls *loopSession) syncServer() bool {
+	// The loop's goroutine alone borrows and gives back the session's connection (v.pc):
+	// it reads it without the lock.
 	v := ls.tx
-	v.mu.Lock()
 	var pio *physIO
 	if v.pc != nil {
 		pio = v.pc.io
 	}
-	v.mu.Unlock()
 	e := &ls.upstream
 	if e.pio == pio && (pio == nil) == (e.slot == 0) {
 		return true
@@ -132,6 +139,9 @@ func (ls *loopSession) syncServer() bool {
 		return true
 	}
 	e.fd = pio.src.fd
+	if pio.adopt(ls.loop, e) {
+		return true
+	}
 	return ls.loop.add(e) == nil
 }
 
@@ -139,6 +149,9 @@ func (ls *loopSession) syncServer() bool {
 // holds no connection and has nothing in progress or buffered.
 func (ls *loopSession) txQuiet() bool {
 	c, v := ls.c, ls.tx
+	if v.awaiting || v.pc != nil {
+		return false // fields the loop's goroutine alone changes: no need for the lock
+	}
 	if ls.bare || ls.finishing || ls.streaming > 0 || len(ls.client.sink.pending) > 0 ||
 		len(ls.client.in.held) > 0 || len(ls.upstream.in.held) > 0 || ls.upstream.slot != 0 {
 		return false

@@ -1,6 +1,9 @@
 package proxy
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 // TestTxWordsRefusal: one pass finds the lock functions wherever they are, in any case, and
 // the words that make a statement worth parsing; the same for text and bytes.
@@ -23,6 +26,43 @@ func TestTxWordsRefusal(t *testing.T) {
 		w, bw := scanTxWords(c.sql), scanTxWords([]byte(c.sql))
 		if w.lock != c.lock || w.refusable != c.other || bw != w {
 			t.Errorf("scanTxWords(%q) = %+v (bytes %+v), want lock %v, refusable %v", c.sql, w, bw, c.lock, c.other)
+		}
+	}
+}
+
+// TestHasWordAtFoldsAsEqualFold: hasWordAt finds a word where strings.EqualFold finds it in
+// as many bytes, non-ASCII text included (the Kelvin sign and the long s fold to k and s,
+// but take more bytes than the letters they fold to).
+func TestHasWordAtFoldsAsEqualFold(t *testing.T) {
+	words := []string{"set", "set_config", "pg_advisory_lock", "deallocate", "session", "local", "re"}
+	texts := []string{
+		"SET x.y = 1", "Set_Config('a.b', '1', false)", "select PG_ADVISORY_LOCK(1)",
+		"DeAlLoCaTe ALL", "SESSION", "LOCAL", "RESET", "pg_advisory_loc\u212a(1)",
+		"\u017fet x.y = 1", "s\u00e9t", "SET", "se", "", "sEt\x00", "_set", "[set]",
+	}
+	for _, text := range texts {
+		for _, w := range words {
+			for i := range len(text) + 1 {
+				want := len(text)-i >= len(w) && strings.EqualFold(text[i:i+len(w)], w)
+				if got := hasWordAt(text, i, w); got != want {
+					t.Errorf("hasWordAt(%q, %d, %q) = %v, want %v", text, i, w, got, want)
+				}
+				if got := hasWordAt([]byte(text), i, w); got != want {
+					t.Errorf("hasWordAt(bytes %q, %d, %q) = %v, want %v", text, i, w, got, want)
+				}
+			}
+		}
+	}
+}
+
+// BenchmarkScanTxWords is the scan of pgbench -S's statement in the simple protocol, which
+// changes with every transaction: nothing is found.
+func BenchmarkScanTxWords(b *testing.B) {
+	sql := []byte("SELECT abalance FROM pgbench_accounts WHERE aid = 123456;")
+	b.ReportAllocs()
+	for range b.N {
+		if w := scanTxWords(sql); w != (txWords{}) {
+			b.Fatalf("found %+v", w)
 		}
 	}
 }

@@ -128,7 +128,8 @@ type expect struct {
 
 // pooledConn is the server side of a session in transaction mode; see the top of the
 // file. Write is called by whoever flushes the session's server writer, Read by the
-// goroutine that relays the server's messages; both may block, neither holds mu then.
+// goroutine that relays the server's messages; both may block, neither holds mu then. On
+// an event loop neither blocks, and Read holds mu while it reads the borrowed connection.
 type pooledConn struct {
 	c   *conn
 	key pool.Key
@@ -156,6 +157,7 @@ type pooledConn struct {
 	// the loop (granted) as grant and grantErr.
 	host     txHost
 	wait     *pool.Wait[*physConn]
+	waitIn   pool.Wait[*physConn] // where the session waits: one wait at a time
 	awaiting bool
 	granted  bool
 	grant    *pool.Server[*physConn]
@@ -169,8 +171,10 @@ type pooledConn struct {
 	onAnswer     func(*pool.Wait[*physConn], *pool.Server[*physConn], error)
 	takeAnswerFn func()
 
-	// Protocol state of the borrowed connection.
+	// Protocol state of the borrowed connection. queue is consumed from its front; qarr
+	// is the array it lives in, where it starts again when empty (see push).
 	queue       []expect
+	qarr        []expect
 	outstanding int  // ReadyForQuery messages the server still owes
 	unsynced    bool // extended-protocol messages sent since the last Sync
 	txStatus    byte
@@ -205,6 +209,10 @@ type pooledConn struct {
 	wbuf       []byte
 	obuf       []byte
 	discarding []byte // ErrorResponse to answer at the Sync; nil when not discarding
+	// heldVerdict is the verdict on the message at the head of wbuf, which waits for a
+	// connection (verdictHeld), so that its text is not looked at again.
+	heldVerdict queryVerdict
+	verdictHeld bool
 
 	// Read side: bytes ready for the caller, answers of the proxy's own, and the rest of
 	// a large message streamed from pc.
@@ -259,8 +267,10 @@ type txHost interface {
 	post(f func()) bool
 	// dropServer stops watching the socket of the borrowed connection; called by the
 	// session's goroutine just before the connection goes back to the pool, where another
-	// loop may take it at once.
-	dropServer()
+	// loop may take it at once. With keep, the connection goes back clean and its socket
+	// may stay in the loop's epoll set for the next borrower of the loop (see
+	// physIO.park).
+	dropServer(keep bool)
 	// resume runs the session on its loop after a wait for a connection has ended; called
 	// on the loop's goroutine.
 	resume()
@@ -293,7 +303,7 @@ func (v *pooledConn) borrow() (*pool.Server[*physConn], error) {
 	if v.onAnswer == nil {
 		v.onAnswer, v.takeAnswerFn = v.poolAnswer, v.takeAnswer
 	}
-	srv, w, err := p.AcquireFunc(v.key, v.onAnswer)
+	srv, w, err := p.AcquireFuncIn(v.key, &v.waitIn, v.onAnswer)
 	if w != nil {
 		v.wait = w
 		return nil, errAwaitServer
@@ -366,15 +376,16 @@ func (v *pooledConn) dropWaitContext() {
 // errWaitCancelled ends a wait for a server connection that the client cancelled.
 var errWaitCancelled = errors.New("canceling statement due to user request")
 
-// take makes srv the session's connection and applies the client's settings to it.
-func (v *pooledConn) take(srv *pool.Server[*physConn]) []byte {
+// take makes srv the session's connection and appends to out what applies the client's
+// settings to it.
+func (v *pooledConn) take(out []byte, srv *pool.Server[*physConn]) []byte {
 	v.srv, v.pc = srv, srv.Conn()
 	if v.pc.io != nil {
 		v.pc.io.onLoop = v.host != nil
 	}
 	v.readerOn, v.release, v.queries = true, false, 0
 	v.cond.Broadcast()
-	return v.applySettings(nil)
+	return v.applySettings(out)
 }
 
 // giveBack returns the borrowed connection to the pool.
@@ -389,11 +400,11 @@ func (v *pooledConn) giveBack(st pool.State) {
 		}
 	}
 	if io := v.pc.io; io != nil {
-		if v.host != nil {
-			v.host.dropServer()
-		}
 		if len(io.sink.pending) > 0 && st != pool.Broken {
 			st = pool.Broken // output the server never got: its state is unknown
+		}
+		if v.host != nil {
+			v.host.dropServer(st == pool.Clean)
 		}
 		io.onLoop = false
 	}
@@ -526,10 +537,13 @@ func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte
 		return out, pc, nil
 	}
 	var verdict queryVerdict
-	switch typ {
-	case clientQuery:
+	switch {
+	case v.verdictHeld:
+		// The message waited for a connection: it was looked at already.
+		verdict, v.heldVerdict, v.verdictHeld = v.heldVerdict, queryVerdict{}, false
+	case typ == clientQuery:
 		verdict = v.checkQuery(body)
-	case clientParse:
+	case typ == clientParse:
 		verdict = v.checkParse(body)
 	}
 	if v.pc == nil && v.answerIdle(typ, body, verdict) {
@@ -546,6 +560,7 @@ func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte
 		}
 		srv, err := v.borrow()
 		if err == errAwaitServer {
+			v.heldVerdict, v.verdictHeld = verdict, true
 			return out, pc, err
 		}
 		if v.closed {
@@ -566,7 +581,7 @@ func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte
 			}
 			return out, pc, nil
 		}
-		out = v.take(srv)
+		out = v.take(out, srv)
 	}
 	pc = v.pc
 	if !v.readerOn {
@@ -588,19 +603,19 @@ func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte
 		e := expect{kind: expQuery}
 		if r := verdict.refusal; r != nil {
 			e.refusal = r
-			v.queue = append(v.queue, e)
+			v.push(e)
 			return appendQuery(out, standInSQL), pc, nil
 		}
-		v.queue = append(v.queue, e)
+		v.push(e)
 	case clientFunctionCall:
 		v.outstanding++
 		v.queries++
-		v.queue = append(v.queue, expect{kind: expQuery})
+		v.push(expect{kind: expQuery})
 	case clientSync:
 		v.outstanding++
 		v.queries++
 		v.unsynced = false
-		v.queue = append(v.queue, expect{kind: expSync})
+		v.push(expect{kind: expSync})
 	case clientParse:
 		v.unsynced = true
 		return v.parse(out, msg, verdict), pc, nil
@@ -620,7 +635,7 @@ func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte
 		if len(body) >= 2 && body[0] == targetStatement {
 			name := zstring(body[1:])
 			if name != "" {
-				v.queue = append(v.queue, expect{kind: expClose, client: name, stmt: v.stmts[name]})
+				v.push(expect{kind: expClose, client: name, stmt: v.stmts[name]})
 				delete(v.stmts, name)
 				return appendMessage(out, clientClose, []byte{targetPortal}, []byte(noPortal), []byte{0}), pc, nil
 			}
@@ -628,7 +643,7 @@ func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte
 		} else if len(body) >= 2 {
 			delete(v.deallocPortals, zstring(body[1:]))
 		}
-		v.queue = append(v.queue, expect{kind: expClose})
+		v.push(expect{kind: expClose})
 	case clientExecute:
 		v.unsynced = true
 		if v.trackExecutes {
@@ -638,6 +653,20 @@ func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte
 		v.unsynced = true
 	}
 	return append(out, msg...), pc, nil
+}
+
+// push queues an answer the server owes the proxy. The queue is consumed from its front
+// (v.queue[1:]), which loses the array's first places: an empty queue starts again at the
+// front of its array, so that once the array is large enough for a session's cycles, its
+// appends allocate nothing.
+func (v *pooledConn) push(e expect) {
+	if len(v.queue) == 0 {
+		v.queue = v.qarr[:0]
+	}
+	v.queue = append(v.queue, e)
+	if cap(v.queue) > cap(v.qarr) {
+		v.qarr = v.queue[:0] // grown into a new array, which starts with the queue
+	}
 }
 
 // noPortal is a portal name no client can have: the proxy closes it in answer to a
@@ -658,7 +687,7 @@ func (v *pooledConn) parse(out, msg []byte, verdict queryVerdict) []byte {
 		if name == "" {
 			v.unnamed, v.pc.unnamed = nil, nil
 		}
-		v.queue = append(v.queue, expect{kind: expParse, refusal: r})
+		v.push(expect{kind: expParse, refusal: r})
 		return appendMessage(out, clientParse, standInParseNamed)
 	}
 	var st *clientStmt
@@ -672,7 +701,7 @@ func (v *pooledConn) parse(out, msg []byte, verdict queryVerdict) []byte {
 	}
 	if name == "" {
 		v.unnamed, v.pc.unnamed = st, st
-		v.queue = append(v.queue, expect{kind: expParse})
+		v.push(expect{kind: expParse})
 		if st.dealloc != nil {
 			return appendMessage(out, clientParse, []byte{0}, st.rest)
 		}
@@ -685,11 +714,11 @@ func (v *pooledConn) parse(out, msg []byte, verdict queryVerdict) []byte {
 		// gets the server's own answer to its Parse.
 		v.pc.prepared.remove(st.sname)
 		out = appendMessage(out, clientClose, []byte{targetStatement}, []byte(st.sname), []byte{0})
-		v.queue = append(v.queue, expect{kind: expInjectedClose, name: st.sname, was: true})
+		v.push(expect{kind: expInjectedClose, name: st.sname, was: true})
 	}
 	out = v.makeRoom(out)
 	v.pc.prepared.use(st.sname)
-	v.queue = append(v.queue, expect{kind: expParse, name: st.sname, client: name})
+	v.push(expect{kind: expParse, name: st.sname, client: name})
 	return appendMessage(out, clientParse, []byte(st.sname), []byte{0}, st.rest)
 }
 
@@ -703,7 +732,7 @@ func (v *pooledConn) ensure(out *[]byte, name string) (string, bool) {
 			*out = v.closeUnnamed(*out)
 		case v.pc.unnamed != v.unnamed:
 			*out = appendMessage(*out, clientParse, []byte{0}, v.unnamed.rest)
-			v.queue = append(v.queue, expect{kind: expInjectedParse})
+			v.push(expect{kind: expInjectedParse})
 			v.pc.unnamed = v.unnamed
 		}
 		return "", true
@@ -715,7 +744,7 @@ func (v *pooledConn) ensure(out *[]byte, name string) (string, bool) {
 	if !v.pc.prepared.has(st.sname) {
 		*out = v.makeRoom(*out)
 		*out = appendMessage(*out, clientParse, []byte(st.sname), []byte{0}, st.rest)
-		v.queue = append(v.queue, expect{kind: expInjectedParse, name: st.sname})
+		v.push(expect{kind: expInjectedParse, name: st.sname})
 	}
 	v.pc.prepared.use(st.sname)
 	return st.sname, true
@@ -782,11 +811,17 @@ func (v *pooledConn) Read(p []byte) (int, error) {
 			continue
 		}
 		pc := v.pc
-		v.reading = true
-		v.mu.Unlock()
-		n, err := v.readServer(pc, p)
-		v.mu.Lock()
-		v.reading = false
+		var n int
+		var err error
+		if v.host != nil {
+			n, err = v.readServer(pc, p, true) // a loop's reads never block
+		} else {
+			v.reading = true
+			v.mu.Unlock()
+			n, err = v.readServer(pc, p, false)
+			v.mu.Lock()
+			v.reading = false
+		}
 		if err != nil && isWouldBlock(err) {
 			closed := v.closed
 			v.mu.Unlock()
@@ -814,10 +849,11 @@ func (v *pooledConn) Read(p []byte) (int, error) {
 }
 
 // readServer reads from pc: the next piece of a streamed message straight into p, or
-// whole messages, which serverMessage handles (with mu held). On an event loop pc's
-// reads do not block: a message that has not arrived whole waits in rbuf (rneed more
-// bytes to come), and errWouldBlock says that nothing more is to be had now.
-func (v *pooledConn) readServer(pc *physConn, p []byte) (int, error) {
+// whole messages, which serverMessage handles (with mu held: held says the caller holds
+// it throughout, else readServer takes it for them). On an event loop pc's reads do not
+// block, and the caller holds mu: a message that has not arrived whole waits in rbuf
+// (rneed more bytes to come), and errWouldBlock says that nothing more is to be had now.
+func (v *pooledConn) readServer(pc *physConn, p []byte, held bool) (int, error) {
 	if v.rpc != pc {
 		v.rpc, v.rstream, v.rneed = pc, 0, 0
 	}
@@ -839,9 +875,13 @@ func (v *pooledConn) readServer(pc *physConn, p []byte) (int, error) {
 			return 0, errMessageTooLarge
 		}
 		if (h[0] == serverDataRow || h[0] == serverCopyData) && n > keepBufferSize {
-			v.mu.Lock()
+			if !held {
+				v.mu.Lock()
+			}
 			injected := len(v.queue) > 0 && v.queue[0].kind == expInjectedQuery
-			v.mu.Unlock()
+			if !held {
+				v.mu.Unlock()
+			}
 			if !injected {
 				v.rstream = n
 				copied := copy(p, h) // p is a bufio.Reader's buffer: never shorter than 5
@@ -873,8 +913,10 @@ func (v *pooledConn) readServer(pc *physConn, p []byte) (int, error) {
 	if cap(msg) > keepBufferSize {
 		v.rbuf = nil
 	}
-	v.mu.Lock()
-	defer v.mu.Unlock()
+	if !held {
+		v.mu.Lock()
+		defer v.mu.Unlock()
+	}
 	v.serverMessage(msg)
 	// The messages already buffered whole go in the same turn, under one lock, until the
 	// connection is given back.
@@ -887,6 +929,9 @@ func (v *pooledConn) readServer(pc *physConn, p []byte) (int, error) {
 		// Taken off pc before it is handled: handling it may give pc back.
 		peeked, _ := pc.br.Peek(5 + n)
 		msg := append(v.rbuf[:0], peeked...)
+		if cap(msg) <= keepBufferSize {
+			v.rbuf = msg
+		}
 		_, _ = pc.br.Discard(5 + n)
 		v.serverMessage(msg)
 	}

@@ -48,7 +48,7 @@ func (v *pooledConn) applySettings(out []byte) []byte {
 	for _, r := range resets {
 		sql.WriteString(r + ";")
 	}
-	v.queue = append(v.queue, expect{kind: expInjectedQuery})
+	v.push(expect{kind: expInjectedQuery})
 	v.outstanding++
 	pc.unnamed = nil
 	return appendQuery(out, sql.String())
@@ -92,7 +92,7 @@ func (v *pooledConn) afterReady(body []byte) {
 	if v.needCapture {
 		v.needCapture = false
 		v.pc.unnamed = nil
-		v.queue = append(v.queue, expect{kind: expInjectedQuery, capture: true})
+		v.push(expect{kind: expInjectedQuery, capture: true})
 		v.outstanding++
 		if _, err := v.pc.nc.Write(appendQuery(nil, v.captureQuery())); err != nil {
 			v.giveBack(pool.Broken)

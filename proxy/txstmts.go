@@ -128,7 +128,7 @@ func (v *pooledConn) makeRoom(out []byte) []byte {
 			break
 		}
 		v.pc.prepared.remove(name)
-		v.queue = append(v.queue, expect{kind: expInjectedClose, name: name, was: true})
+		v.push(expect{kind: expInjectedClose, name: name, was: true})
 		out = appendMessage(out, clientClose, []byte{targetStatement}, []byte(name), []byte{0})
 	}
 	return out
@@ -223,7 +223,7 @@ func (v *pooledConn) serverDroppedAll() {
 // would have the client. Called with mu held.
 func (v *pooledConn) closeUnnamed(out []byte) []byte {
 	v.pc.unnamed = nil
-	v.queue = append(v.queue, expect{kind: expInjectedClose})
+	v.push(expect{kind: expInjectedClose})
 	return appendMessage(out, clientClose, []byte{targetStatement, 0})
 }
 
@@ -274,13 +274,13 @@ func (v *pooledConn) execute(out, msg []byte) []byte {
 		e.dropped = maps.Clone(v.stmts)
 		clear(v.stmts)
 	case v.stmts[d.name] == nil:
-		v.queue = append(v.queue, expect{kind: expParse, refusal: unknownStatement(d.name)})
+		v.push(expect{kind: expParse, refusal: unknownStatement(d.name)})
 		return appendMessage(out, clientParse, standInParseNamed)
 	default:
 		e.dropped = map[string]*clientStmt{d.name: v.stmts[d.name]}
 		delete(v.stmts, d.name)
 	}
-	v.queue = append(v.queue, e)
+	v.push(e)
 	return append(out, msg...)
 }
 

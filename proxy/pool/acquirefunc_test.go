@@ -73,3 +73,47 @@ func TestAcquireFunc(t *testing.T) {
 		t.Fatalf("AcquireFunc after Close: %v", err)
 	}
 }
+
+// TestAcquireFuncIn: one Wait serves one wait after another, a cancelled one included,
+// and a wait in it allocates nothing.
+func TestAcquireFuncIn(t *testing.T) {
+	f := newFixture(t, Settings{Limits: Limits{PoolSize: 1}})
+	held := mustAcquire(t, f.p, keyA)
+	var got *Server[*memConn]
+	var gotWait *Wait[*memConn]
+	done := func(w *Wait[*memConn], s *Server[*memConn], err error) {
+		if err != nil {
+			t.Errorf("done: %v", err)
+		}
+		gotWait, got = w, s
+	}
+	var wt Wait[*memConn]
+	for round := range 3 {
+		s, w, err := f.p.AcquireFuncIn(keyA, &wt, done)
+		if s != nil || w != &wt || err != nil {
+			t.Fatalf("round %d: AcquireFuncIn with none free = %v, %v, %v; want a wait in wt", round, s, w, err)
+		}
+		if round == 1 {
+			if !f.p.CancelWait(w) {
+				t.Fatal("CancelWait of a pending wait = false")
+			}
+			continue
+		}
+		held.Release(Clean)
+		if got == nil || gotWait != &wt {
+			t.Fatalf("round %d: done got %v in %p, want a connection in %p", round, got, gotWait, &wt)
+		}
+		held, got = got, nil
+	}
+	allocs := testing.AllocsPerRun(100, func() {
+		if _, _, err := f.p.AcquireFuncIn(keyA, &wt, done); err != nil {
+			t.Fatal(err)
+		}
+		held.Release(Clean)
+		held, got = got, nil
+	})
+	if allocs != 0 {
+		t.Fatalf("a wait in a kept Wait allocates %v times", allocs)
+	}
+	held.Release(Clean)
+}

@@ -61,6 +61,9 @@ func (kp *keyPool[C]) unused() bool {
 // it again when needed.
 func (p *Pool[C]) forgetLocked(kp *keyPool[C]) {
 	delete(p.keys, kp.key)
+	if p.lastKey == kp {
+		p.lastKey = nil
+	}
 	db := kp.db
 	db.pools = slices.DeleteFunc(db.pools, func(o *keyPool[C]) bool { return o == kp })
 	if len(db.pools) == 0 {

@@ -73,6 +73,7 @@ type Pool[C any] struct {
 	mu      sync.Mutex
 	set     Settings
 	keys    map[Key]*keyPool[C]
+	lastKey *keyPool[C] // the key's pool keyPoolLocked returned last; nil after forgetLocked
 	dbs     map[string]*database[C]
 	closed  bool
 	busy    int           // connections lent, being reset or being dialled, over all keys
@@ -192,8 +193,16 @@ func (p *Pool[C]) Acquire(ctx context.Context, key Key) (*Server[C], error) {
 // without calling the Pool. An event loop serves many sessions from one goroutine, which
 // must never wait for a connection.
 func (p *Pool[C]) AcquireFunc(key Key, done func(*Wait[C], *Server[C], error)) (*Server[C], *Wait[C], error) {
+	return p.AcquireFuncIn(key, nil, done)
+}
+
+// AcquireFuncIn is AcquireFunc that waits, when it must, in wt rather than in a new Wait
+// (in a new one when wt is nil): a caller that waits for one connection at a time keeps
+// one Wait, and waits without allocating. wt must be free: new, or its last wait over
+// (its done called, or CancelWait reported true).
+func (p *Pool[C]) AcquireFuncIn(key Key, wt *Wait[C], done func(*Wait[C], *Server[C], error)) (*Server[C], *Wait[C], error) {
 	for {
-		s, w, err := p.lendOrQueue(key, done)
+		s, w, err := p.lendOrQueue(key, wt, done)
 		switch {
 		case w != nil:
 			return nil, w.wait, nil
@@ -224,7 +233,7 @@ func (p *Pool[C]) CancelWait(wt *Wait[C]) bool {
 // acquire lends a connection; fromIdle says it was taken from the idle list (rather than
 // handed over by a borrower or just dialled), so that it is worth a Check.
 func (p *Pool[C]) acquire(ctx context.Context, key Key) (s *Server[C], fromIdle bool, err error) {
-	s, w, err := p.lendOrQueue(key, nil)
+	s, w, err := p.lendOrQueue(key, nil, nil)
 	if w == nil {
 		return s, s != nil, err
 	}
@@ -255,8 +264,9 @@ func (p *Pool[C]) acquire(ctx context.Context, key Key) (s *Server[C], fromIdle 
 // lendOrQueue starts a borrow: it lends the most recently used idle connection of key
 // when nobody waits for one, fails when the Pool is closed or the key's server is known to
 // be down with no connection that could come back, and otherwise queues a waiter (for
-// Acquire when done is nil, else for AcquireFunc) and starts the dials the waiters need.
-func (p *Pool[C]) lendOrQueue(key Key, done func(*Wait[C], *Server[C], error)) (*Server[C], *waiter[C], error) {
+// Acquire when done is nil, else for AcquireFunc, in wt unless it is nil) and starts the
+// dials the waiters need.
+func (p *Pool[C]) lendOrQueue(key Key, wt *Wait[C], done func(*Wait[C], *Server[C], error)) (*Server[C], *waiter[C], error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -284,7 +294,10 @@ func (p *Pool[C]) lendOrQueue(key Key, done func(*Wait[C], *Server[C], error)) (
 	if done == nil {
 		w = p.newWaiter(now, kp.lim.QueryWaitTimeout)
 	} else {
-		wt := &Wait[C]{w: waiter[C]{since: now, timeout: kp.lim.QueryWaitTimeout, notify: done}}
+		if wt == nil {
+			wt = new(Wait[C])
+		}
+		wt.w = waiter[C]{since: now, timeout: kp.lim.QueryWaitTimeout, notify: done}
 		w = &wt.w
 		w.wait = wt
 	}
@@ -610,7 +623,13 @@ func (p *Pool[C]) loginFailedLocked(kp *keyPool[C], err error, now time.Time) {
 }
 
 func (p *Pool[C]) keyPoolLocked(key Key) *keyPool[C] {
+	// Most pools serve one key, or a few in turns: comparing two short names is quicker
+	// than hashing them.
+	if kp := p.lastKey; kp != nil && kp.key == key {
+		return kp
+	}
 	if kp := p.keys[key]; kp != nil {
+		p.lastKey = kp
 		return kp
 	}
 	db := p.dbs[key.Database]
@@ -621,6 +640,7 @@ func (p *Pool[C]) keyPoolLocked(key Key) *keyPool[C] {
 	kp := &keyPool[C]{key: key, db: db, lim: p.set.limitsFor(key)}
 	db.pools = append(db.pools, kp)
 	p.keys[key] = kp
+	p.lastKey = kp
 	return kp
 }
 

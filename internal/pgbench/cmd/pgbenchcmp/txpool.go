@@ -53,7 +53,11 @@ func txPoolGroup(ctx context.Context, h hops, o txPoolOptions) (pgbench.Group, f
 			stops[i]()
 		}
 	}
-	if err := checkMaxConnections(ctx, h.dbURL, o.clients+2*o.poolSize); err != nil {
+	pools := 2 // leafproxy's and PgBouncer's, each poolSize connections
+	if h.otherBin != "" {
+		pools++
+	}
+	if err := checkMaxConnections(ctx, h.dbURL, o.clients+pools*o.poolSize); err != nil {
 		return g, stop, err
 	}
 	role, password, secret, dropRole, err := createBenchRole(ctx, h.dbURL, "md5")
@@ -100,6 +104,20 @@ func txPoolGroup(ctx context.Context, h hops, o txPoolOptions) (pgbench.Group, f
 		}
 	}
 	add(leaf)
+	if h.otherBin != "" {
+		lo, err := pgbench.StartLeafproxy(ctx, h.otherBin, args...)
+		if err != nil {
+			return g, stop, err
+		}
+		stops = append(stops, func() { _ = lo.Close() })
+		other := pgbench.Endpoint{Name: "leafproxy other tx", URL: lo.URL(roleURL), CPU: lo.CPU}
+		if o.pprofDir != "" {
+			other.During = func(ctx context.Context, run string, d time.Duration) error {
+				return lo.CPUProfile(ctx, d, filepath.Join(o.pprofDir, "leafproxy-other-"+run+".pprof"))
+			}
+		}
+		add(other)
+	}
 	if h.bouncer {
 		b, err := pgbench.StartPgBouncer(ctx, h.dbURL, pgbench.BouncerOptions{
 			PoolMode:   "transaction",

@@ -103,7 +103,9 @@
 //     close when idle, drain, panic recovery, the locks of its state (sessionLock); and
 //     the goroutine pair's engine.
 //   - relay.go: the handlers of one message from either side (clientStep, upstreamStep)
-//     when the proxy only passes messages on, and the end of either side.
+//     when the proxy only passes messages on, the pass (passClientRun, passUpstreamRun)
+//     by which a loop relays a run of messages that need no handler in one write, with
+//     the handlers' bookkeeping, and the end of either side.
 //   - loop_linux.go: the event loops: epoll sets, their goroutines, posting work to them.
 //   - loopsession_linux.go: a session on an event loop (loopSession, the loop's engine):
 //     adopt, reading whole messages, streaming large rows, finish, detach and reattach.
@@ -138,7 +140,9 @@
 //     connection's socket watched by the session's loop, borrows that never block a
 //     loop (pool.AcquireFunc), buffers given back while quiet.
 //   - physio_linux.go: a pooled connection's socket outside the runtime's poller (physIO),
-//     non-blocking for a loop session, blocking (poll) for everyone else.
+//     non-blocking for a loop session, blocking (poll) for everyone else; a connection
+//     given back clean stays in its loop's epoll set (park), so that the loop's next
+//     borrower takes it without an epoll_ctl.
 //   - park.go, park_linux.go: parking idle sessions served by goroutine pairs
 //     (event-loops -1, or no epoll): their goroutines end and their buffers are given
 //     back, and the parking lot's epoll set watches their client sockets until they are

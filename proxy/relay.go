@@ -103,11 +103,9 @@ func (c *conn) passClientRun(max int, memo *plainMemo) (n, count int) {
 	r := &c.cr
 	buf, _ := r.br.Peek(r.br.Buffered())
 	off, count := 0, 0
-	for count < max && len(buf)-off >= 5 {
-		typ := buf[off]
-		l := int(binary.BigEndian.Uint32(buf[off+1:]))
-		end := off + 1 + l
-		if l < 4 || l-4 > r.maxBody || end > len(buf) {
+	for count < max {
+		typ, end, ok := wholeAt(buf, off, r.maxBody)
+		if !ok {
 			break // for the handler: not whole yet, or an error to report
 		}
 		if c.srv.Rewriter == nil {
@@ -365,16 +363,14 @@ func (c *conn) passUpstreamRun(max int) (n, count int) {
 	buf, _ := r.br.Peek(r.br.Buffered())
 	rewriting := c.srv.Rewriter != nil
 	off, count := 0, 0
-	for count < max && len(buf)-off >= 5 {
-		typ := buf[off]
-		l := int(binary.BigEndian.Uint32(buf[off+1:]))
-		end := off + 1 + l
-		if l < 4 || l-4 > r.maxBody || end > len(buf) {
+	for count < max {
+		typ, end, ok := wholeAt(buf, off, r.maxBody)
+		if !ok {
 			break // for the handler: not whole yet, or an error to report
 		}
 		switch typ {
 		case serverReadyForQuery:
-			if l != 5 {
+			if end-off != 6 { // a ReadyForQuery carries one byte
 				return off, count
 			}
 			c.server.txStatus.Store(uint32(buf[off+5]))
@@ -395,6 +391,21 @@ func (c *conn) passUpstreamRun(max int) (n, count int) {
 		count++
 	}
 	return off, count
+}
+
+// wholeAt reports the type of the message at off in buf and the offset just past it, or
+// false when it is not buffered whole or its length is out of bounds (its handler reads
+// it, or reports the error).
+func wholeAt(buf []byte, off, maxBody int) (typ byte, end int, ok bool) {
+	if len(buf)-off < 5 {
+		return 0, 0, false
+	}
+	l := int(binary.BigEndian.Uint32(buf[off+1:]))
+	end = off + 1 + l
+	if l < 4 || l-4 > maxBody || end > len(buf) {
+		return 0, 0, false
+	}
+	return buf[off], end, true
 }
 
 // relayRun writes the first n bytes r holds, a run of messages cleared to pass, to w,

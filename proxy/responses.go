@@ -75,29 +75,16 @@ func (c *conn) fromUpstreamRewriting(typ byte, n int) (fatal bool, err error) {
 // terminalResponse counts a response that ends one message of the oldest cycle and
 // reports whether it goes to the client: the ParseComplete of a materialized local
 // statement does not, since the client already had the proxy's.
-func (c *conn) terminalResponse(typ byte) bool {
-	ss := &c.sess
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	cy := ss.headLocked()
-	if cy == nil {
-		return true
-	}
-	cy.answered++
-	if typ == serverParseComplete || typ == serverCloseComplete {
-		cy.confirmLocked(typ)
-	}
-	if typ == serverParseComplete && len(cy.swallow) > 0 && cy.swallow[0] == cy.answered {
-		cy.swallow = cy.swallow[1:]
-		return false
-	}
-	return true
-}
+func (c *conn) terminalResponse(typ byte) bool { return c.countTerminal(typ, true) }
 
 // terminalPasses is terminalResponse for a response relayed with others in one write
 // (see passUpstream): it counts the response and reports true, or reports false, having
 // counted nothing, for one that terminalResponse would not relay.
-func (c *conn) terminalPasses(typ byte) bool {
+func (c *conn) terminalPasses(typ byte) bool { return c.countTerminal(typ, false) }
+
+// countTerminal is terminalResponse, or terminalPasses when take is false: a response
+// the client does not get is then left for terminalResponse.
+func (c *conn) countTerminal(typ byte, take bool) bool {
 	ss := &c.sess
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
@@ -105,14 +92,31 @@ func (c *conn) terminalPasses(typ byte) bool {
 	if cy == nil {
 		return true
 	}
-	if typ == serverParseComplete && len(cy.swallow) > 0 && cy.swallow[0] == cy.answered+1 {
+	if cy.swallows(typ) {
+		if take {
+			cy.countResponse(typ)
+			cy.swallow = cy.swallow[1:]
+		}
 		return false
 	}
+	cy.countResponse(typ)
+	return true
+}
+
+// swallows reports whether typ, the cycle's next response, is the ParseComplete of a
+// materialized local statement, which the client does not get. The session's lock is held.
+func (cy *cycle) swallows(typ byte) bool {
+	return typ == serverParseComplete && len(cy.swallow) > 0 && cy.swallow[0] == cy.answered+1
+}
+
+// countResponse counts typ, a response that ends one of the cycle's messages, and
+// confirms the statement change a ParseComplete or CloseComplete answers. The session's
+// lock is held.
+func (cy *cycle) countResponse(typ byte) {
 	cy.answered++
 	if typ == serverParseComplete || typ == serverCloseComplete {
 		cy.confirmLocked(typ)
 	}
-	return true
 }
 
 // stripHidden removes the hidden parameters of the described statement from a

@@ -132,6 +132,22 @@ func ownTransactions(ctx context.Context, conn *pgx.Conn, name string, rounds in
 	return nil
 }
 
+// concurrentOwnTransactions runs ownTransactions on every connection at once, client i
+// naming itself client-i.
+func concurrentOwnTransactions(ctx context.Context, conns []*pgx.Conn, rounds int) error {
+	var wg sync.WaitGroup
+	errs := make([]error, len(conns))
+	for i, conn := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = ownTransactions(ctx, conn, fmt.Sprintf("client-%d", i), rounds)
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
 // TestTxPoolConnectionStaysInLoop: a connection given back clean stays in the epoll set
 // of its loop, parked, and the loop's next borrowers take it from there, each seeing only
 // its own transaction.
@@ -143,17 +159,7 @@ func TestTxPoolConnectionStaysInLoop(t *testing.T) {
 	for i := range conns {
 		conns[i] = connect(t, p.url(db))
 	}
-	var wg sync.WaitGroup
-	errs := make([]error, len(conns))
-	for i, conn := range conns {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = ownTransactions(ctx, conn, fmt.Sprintf("client-%d", i), 30)
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	if err := concurrentOwnTransactions(ctx, conns, 30); err != nil {
 		t.Fatal(err)
 	}
 	waitParkedConnections(t, p.srv, 1)
@@ -187,17 +193,7 @@ func TestTxPoolConnectionMovesBetweenLoops(t *testing.T) {
 			}
 		}
 	}
-	var wg sync.WaitGroup
-	errs := make([]error, len(conns))
-	for i, conn := range conns {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = ownTransactions(ctx, conn, fmt.Sprintf("client-%d", i), 30)
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	if err := concurrentOwnTransactions(ctx, conns, 30); err != nil {
 		t.Fatal(err)
 	}
 	waitParkedConnections(t, p.srv, 1)

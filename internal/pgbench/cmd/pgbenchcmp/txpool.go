@@ -92,31 +92,30 @@ func txPoolGroup(ctx context.Context, h hops, o txPoolOptions) (pgbench.Group, f
 	if o.pprofDir != "" {
 		args = append(args, "--http-pprof")
 	}
-	lp, err := pgbench.StartLeafproxy(ctx, h.bin, args...)
-	if err != nil {
-		return g, stop, err
-	}
-	stops = append(stops, func() { _ = lp.Close() })
-	leaf := pgbench.Endpoint{Name: "leafproxy tx", URL: lp.URL(roleURL), CPU: lp.CPU}
-	if o.pprofDir != "" {
-		leaf.During = func(ctx context.Context, run string, d time.Duration) error {
-			return lp.CPUProfile(ctx, d, filepath.Join(o.pprofDir, "leafproxy-"+run+".pprof"))
-		}
-	}
-	add(leaf)
-	if h.otherBin != "" {
-		lo, err := pgbench.StartLeafproxy(ctx, h.otherBin, args...)
+	// startLeaf starts bin as the endpoint name; its profiles, with -pprof-dir, are
+	// named after prefix.
+	startLeaf := func(bin, name, prefix string) error {
+		lp, err := pgbench.StartLeafproxy(ctx, bin, args...)
 		if err != nil {
-			return g, stop, err
+			return err
 		}
-		stops = append(stops, func() { _ = lo.Close() })
-		other := pgbench.Endpoint{Name: "leafproxy other tx", URL: lo.URL(roleURL), CPU: lo.CPU}
+		stops = append(stops, func() { _ = lp.Close() })
+		e := pgbench.Endpoint{Name: name, URL: lp.URL(roleURL), CPU: lp.CPU}
 		if o.pprofDir != "" {
-			other.During = func(ctx context.Context, run string, d time.Duration) error {
-				return lo.CPUProfile(ctx, d, filepath.Join(o.pprofDir, "leafproxy-other-"+run+".pprof"))
+			e.During = func(ctx context.Context, run string, d time.Duration) error {
+				return lp.CPUProfile(ctx, d, filepath.Join(o.pprofDir, prefix+run+".pprof"))
 			}
 		}
-		add(other)
+		add(e)
+		return nil
+	}
+	if err := startLeaf(h.bin, "leafproxy tx", "leafproxy-"); err != nil {
+		return g, stop, err
+	}
+	if h.otherBin != "" {
+		if err := startLeaf(h.otherBin, "leafproxy other tx", "leafproxy-other-"); err != nil {
+			return g, stop, err
+		}
 	}
 	if h.bouncer {
 		b, err := pgbench.StartPgBouncer(ctx, h.dbURL, pgbench.BouncerOptions{

@@ -89,6 +89,20 @@ func connect(t testing.TB, connURL string) *pgx.Conn {
 	return conn
 }
 
+// holdServer opens a transaction on conn, a client of a transaction-mode proxy, and runs
+// a statement in it, so that it holds a server connection until it ends.
+func holdServer(t testing.TB, ctx context.Context, conn *pgx.Conn) pgx.Tx {
+	t.Helper()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
+
 // wantSQLState fails the test unless err is a PostgreSQL error with the given code.
 func wantSQLState(t testing.TB, err error, code string) *pgconn.PgError {
 	t.Helper()

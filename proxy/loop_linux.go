@@ -363,13 +363,8 @@ func (l *eventLoop) run() {
 		}
 		for _, ev := range events[:max(n, 0)] {
 			if loopToken(ev.Pad) == wakeToken {
-				work := l.takePosted()
-				for i, f := range work {
-					f()
-					if l.gen.Load() != gen {
-						l.repost(work[i+1:])
-						return
-					}
+				if !l.runPosted(l.takePosted(), gen) {
+					return
 				}
 				continue
 			}
@@ -389,15 +384,8 @@ func (l *eventLoop) run() {
 		if !l.runAgain(gen) {
 			return
 		}
-		if l.selfPosted.Swap(false) {
-			work := l.takeSelfPosted()
-			for i, f := range work {
-				f()
-				if l.gen.Load() != gen {
-					l.repost(work[i+1:])
-					return
-				}
-			}
+		if l.selfPosted.Swap(false) && !l.runPosted(l.takeSelfPosted(), gen) {
+			return
 		}
 		l.checkDeadlines()
 	}
@@ -422,6 +410,20 @@ func (l *eventLoop) runAgain(gen uint64) bool {
 	clear(again)
 	if l.again == nil {
 		l.again = again[:0]
+	}
+	return true
+}
+
+// runPosted runs work, posted to the loop, on the runner of generation gen; it reports
+// false when the loop changed runners meanwhile, the rest of work posted again for the
+// new one.
+func (l *eventLoop) runPosted(work []func(), gen uint64) bool {
+	for i, f := range work {
+		f()
+		if l.gen.Load() != gen {
+			l.repost(work[i+1:])
+			return false
+		}
 	}
 	return true
 }

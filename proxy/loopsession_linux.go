@@ -110,13 +110,8 @@ func (s *Server) adopt(c *conn) bool {
 	if c.cw.Flush() != nil || c.server.w.Flush() != nil {
 		return false
 	}
-	l := s.assignLoop(c)
+	l, cfd := s.assignLoop(c, clientSock)
 	if l == nil {
-		return false
-	}
-	cfd, err := dupSocket(clientSock)
-	if err != nil {
-		s.loops.release(l)
 		return false
 	}
 	ufd, err := dupSocket(upstreamSock)
@@ -176,14 +171,21 @@ func (s *Server) loopsServe() bool {
 	return !s.GoroutineRelay
 }
 
-// assignLoop returns the event loop a new session of c goes to, nil when none can start.
-func (s *Server) assignLoop(c *conn) *eventLoop {
+// assignLoop returns the event loop a new session of c goes to, and a duplicate of
+// clientSock, the client's socket, for the loop; nil when none can start or the socket
+// cannot be duplicated (the loop's place is then given back).
+func (s *Server) assignLoop(c *conn, clientSock net.Conn) (*eventLoop, int) {
 	l, err := s.loops.assign(s.eventLoops())
 	if err != nil {
 		c.log.WithError(err).Warn("cannot start an event loop; using goroutines")
-		return nil
+		return nil, -1
 	}
-	return l
+	cfd, err := dupSocket(clientSock)
+	if err != nil {
+		s.loops.release(l)
+		return nil, -1
+	}
+	return l, cfd
 }
 
 // testHookBeforeTakeover, when set by a test, runs in adopt just before the loop takes

@@ -176,13 +176,7 @@ func testTxPoolParkedCancelAndWait(t *testing.T, engine func(*Server)) {
 	waitParked(t, p, 1)
 
 	holder := connect(t, p.url(db))
-	tx, err := holder.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
-		t.Fatal(err)
-	}
+	tx := holdServer(t, ctx, holder)
 	err = simpleQuery(c, "SELECT 2")
 	if err == nil {
 		t.Fatal("a query ran while the only server connection was in another transaction")

@@ -38,13 +38,7 @@ func TestPooledStartupWaitsPastQueryWaitTimeout(t *testing.T) {
 		s.Pooling.QueryWaitTimeout = wait
 	})
 	holder := connect(t, p.url(db))
-	tx, err := holder.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
-		t.Fatal(err)
-	}
+	tx := holdServer(t, ctx, holder)
 	type result struct {
 		conn *pgx.Conn
 		err  error

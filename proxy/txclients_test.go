@@ -240,15 +240,9 @@ func TestTxPoolWaitTimeout(t *testing.T) {
 	ctx := testContext(t)
 	holder := connect(t, p.url(db))
 	waiter := connect(t, p.url(db))
-	tx, err := holder.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
-		t.Fatal(err)
-	}
+	tx := holdServer(t, ctx, holder)
 	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeExec} {
-		_, err = waiter.Exec(ctx, "SELECT 2", mode)
+		_, err := waiter.Exec(ctx, "SELECT 2", mode)
 		wantSQLState(t, err, pool.CodeWaitTimeout)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -652,13 +646,7 @@ func TestTxPoolCancelWhileWaiting(t *testing.T) {
 	ctx := testContext(t)
 	holder := connect(t, p.url(db))
 	waiter := connect(t, p.url(db))
-	tx, err := holder.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
-		t.Fatal(err)
-	}
+	tx := holdServer(t, ctx, holder)
 	res := waiter.PgConn().Exec(ctx, "SELECT 2")
 	waitFor(t, 20*time.Second, "the waiter to queue", func() error {
 		if st := p.srv.PoolStats(); len(st) != 1 || st[0].ClientsWaiting != 1 {
@@ -669,7 +657,7 @@ func TestTxPoolCancelWhileWaiting(t *testing.T) {
 	if err := waiter.PgConn().CancelRequest(ctx); err != nil {
 		t.Fatal(err)
 	}
-	_, err = res.ReadAll()
+	_, err := res.ReadAll()
 	wantSQLState(t, err, "57014")
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)

@@ -178,13 +178,7 @@ func TestTxPoolRefusalWithoutServer(t *testing.T) {
 	if _, err := client.PgConn().Prepare(ctx, "s1", "SELECT 1", nil); err != nil {
 		t.Fatal(err)
 	}
-	tx, err := holder.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
-		t.Fatal(err)
-	}
+	tx := holdServer(t, ctx, holder)
 	acquires := p.srv.PoolStats()[0].Acquires
 	// Without the answer of its own, the statement would wait for the holder's
 	// transaction, which lasts until the end of the test.
@@ -204,7 +198,7 @@ func TestTxPoolRefusalWithoutServer(t *testing.T) {
 	if _, err := res.ReadAll(); err != nil {
 		t.Fatal(err)
 	}
-	_, err = client.PgConn().Exec(quick, "DEALLOCATE s1").ReadAll()
+	_, err := client.PgConn().Exec(quick, "DEALLOCATE s1").ReadAll()
 	wantSQLState(t, err, "26000")
 	if client.PgConn().TxStatus() != 'I' {
 		t.Fatalf("transaction status %c, want I", client.PgConn().TxStatus())

@@ -47,13 +47,8 @@ func (s *Server) adoptPooled(c *conn, v *pooledConn) bool {
 	if c.cw.Flush() != nil {
 		return false
 	}
-	l := s.assignLoop(c)
+	l, cfd := s.assignLoop(c, clientSock)
 	if l == nil {
-		return false
-	}
-	cfd, err := dupSocket(clientSock)
-	if err != nil {
-		s.loops.release(l)
 		return false
 	}
 	ls := &loopSession{c: c, loop: l, tx: v}

@@ -132,6 +132,15 @@ func ownTransactions(ctx context.Context, conn *pgx.Conn, name string, rounds in
 	return nil
 }
 
+// connectN opens n connections to url.
+func connectN(t *testing.T, url string, n int) []*pgx.Conn {
+	conns := make([]*pgx.Conn, n)
+	for i := range conns {
+		conns[i] = connect(t, url)
+	}
+	return conns
+}
+
 // concurrentOwnTransactions runs ownTransactions on every connection at once, client i
 // naming itself client-i.
 func concurrentOwnTransactions(ctx context.Context, conns []*pgx.Conn, rounds int) error {
@@ -155,10 +164,7 @@ func TestTxPoolConnectionStaysInLoop(t *testing.T) {
 	db := testenv.NewDatabase(t)
 	p := startProxy(t, db, inTransactionMode, func(s *Server) { s.Pooling.PoolSize = 1; s.EventLoops = 1 })
 	ctx := testContext(t)
-	conns := make([]*pgx.Conn, 3)
-	for i := range conns {
-		conns[i] = connect(t, p.url(db))
-	}
+	conns := connectN(t, p.url(db), 3)
 	if err := concurrentOwnTransactions(ctx, conns, 30); err != nil {
 		t.Fatal(err)
 	}
@@ -175,10 +181,7 @@ func TestTxPoolConnectionMovesBetweenLoops(t *testing.T) {
 	db := testenv.NewDatabase(t)
 	p := startProxy(t, db, inTransactionMode, func(s *Server) { s.Pooling.PoolSize = 1; s.EventLoops = 2 })
 	ctx := testContext(t)
-	conns := make([]*pgx.Conn, 4)
-	for i := range conns {
-		conns[i] = connect(t, p.url(db))
-	}
+	conns := connectN(t, p.url(db), 4)
 	if _, _, busy, err := parkedConnections(t, p.srv); err != nil || busy != 2 {
 		t.Fatalf("%d loops with sessions (%v), want 2", busy, err)
 	}

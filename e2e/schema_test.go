@@ -218,15 +218,6 @@ func checkStoredUnique(t testing.TB, f *fixture, c *Collector) {
 	}
 }
 
-// quoteList renders tags for log lines.
-func quoteList(xs []string) string {
-	q := make([]string, len(xs))
-	for i, x := range xs {
-		q[i] = fmt.Sprintf("%q", x)
-	}
-	return strings.Join(q, ", ")
-}
-
 // requireRewriting skips the test (fails it under CI) when the proxy forwards leaf_next to
 // PostgreSQL unchanged, which PostgreSQL answers with 42883 (no such function): the binary
 // does not intercept the SQL surface. Any other failure of the probe fails the test.

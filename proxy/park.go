@@ -300,16 +300,6 @@ func (v *pooledConn) endIfParked() bool {
 	return true
 }
 
-// leaveLot takes a closed session out of the lot.
-func (v *pooledConn) leaveLot() {
-	v.mu.Lock()
-	lot := v.park.lot
-	v.mu.Unlock()
-	if lot != nil {
-		lot.leave(v)
-	}
-}
-
 // ParkedSessions counts the sessions in transaction mode that are parked now: those of the
 // parking lot, and those on event loops that hold no buffers.
 func (s *Server) ParkedSessions() int {

@@ -121,7 +121,6 @@ type memConnector struct {
 	dials    int
 	open     map[string]int // per database
 	maxOpen  map[string]int
-	checking bool
 }
 
 func newMemConnector() *memConnector {

@@ -592,3 +592,39 @@ func TestPlaintextSCRAMSecretKept(t *testing.T) {
 		t.Fatal("two users share a salt")
 	}
 }
+
+// TestAuthAtProxySASLprep: a plaintext password with characters SCRAM's SASLprep changes
+// (here a non-ASCII space) is prepared as libpq, pgx and PostgreSQL prepare it, both to
+// check the client's proof and to log in to PostgreSQL, where pg_hba.conf asks the user
+// for SCRAM: any spelling that prepares to the same password logs in.
+func TestAuthAtProxySASLprep(t *testing.T) {
+	psql := needTool(t, "psql")
+	db := testenv.NewDatabase(t)
+	file := writeAuthFile(t, testenv.SASLprepUser, testenv.SASLprepPassword)
+	p := startProxy(t, db, func(s *Server) { s.Auth = &ClientAuth{Type: AuthSCRAM, File: file} })
+	runLogins(t, p, db, []loginCase{
+		{"pgx", testenv.SASLprepUser, testenv.SASLprepPassword, ""},
+		{"pgx, decomposed umlauts", testenv.SASLprepUser, "pa\u0308\u00a0ss-wo\u0308rt", ""},
+		{"pgx, wrong password", testenv.SASLprepUser, "p\u00e4\u00a0ss-wort", "28P01"},
+	})
+	u, err := url.Parse(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, port, _ := net.SplitHostPort(p.addr)
+	for _, tt := range []struct{ name, password, want string }{
+		{"psql", testenv.SASLprepPassword, "user " + testenv.SASLprepUser},
+		{"psql, an em space", "p\u00e4\u2003ss-w\u00f6rt", "user " + testenv.SASLprepUser},
+		{"psql, wrong password", "p\u00e4\u00a0ss-wort", "password authentication failed"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			conninfo := fmt.Sprintf("host=%s port=%s dbname=%s user=%s sslmode=disable", host, port, strings.TrimPrefix(u.Path, "/"), testenv.SASLprepUser)
+			cmd := exec.Command(psql, "-X", "-At", "-w", "-d", conninfo, "-c", "SELECT 'user ' || current_user")
+			cmd.Env = append(os.Environ(), "PGPASSWORD="+tt.password, "PGCLIENTENCODING=UTF8")
+			out, err := cmd.CombinedOutput()
+			if !strings.Contains(string(out), tt.want) || (err == nil) != strings.HasPrefix(tt.want, "user ") {
+				t.Fatalf("psql: %v\n%s\nwant %q", err, out, tt.want)
+			}
+		})
+	}
+}

@@ -36,7 +36,8 @@ const (
 )
 
 // Roles created on every server this package starts. pg_hba.conf makes each use the
-// authentication its name says; leaf_tls may only connect over TLS and leaf_denied never.
+// authentication its name says (leaf_saslprep: SCRAM); leaf_tls may only connect over TLS
+// and leaf_denied never.
 const (
 	MD5User        = "leaf_md5"
 	MD5Password    = "md5-secret"
@@ -46,6 +47,11 @@ const (
 	TLSPassword    = "tls-secret"
 	DeniedUser     = "leaf_denied"
 	DeniedPassword = "denied-secret"
+	// SASLprepUser's password has a non-ASCII space, which SCRAM's SASLprep maps to a
+	// space before hashing: a proxy that derives SCRAM keys from the plaintext must
+	// prepare it as libpq and PostgreSQL do.
+	SASLprepUser     = "leaf_saslprep"
+	SASLprepPassword = "pä\u00a0ss-wört"
 )
 
 // UnderCI reports whether the tests run under CI (the CI variable is set, as `.ci/run`

@@ -219,9 +219,10 @@ host all %[1]s 127.0.0.1/32 reject
 host all %[2]s 127.0.0.1/32 reject
 host all %[3]s 127.0.0.1/32 md5
 host all %[4]s 127.0.0.1/32 scram-sha-256
+host all %[5]s 127.0.0.1/32 scram-sha-256
 host all all 127.0.0.1/32 trust
 host all all ::1/128 trust
-`, TLSUser, DeniedUser, MD5User, SCRAMUser)
+`, TLSUser, DeniedUser, MD5User, SCRAMUser, SASLprepUser)
 	return os.WriteFile(filepath.Join(p.dataDir(), "pg_hba.conf"), []byte(hba), 0o600)
 }
 
@@ -285,6 +286,7 @@ func (p *Postgres) createRoles(ctx context.Context) error {
 		fmt.Sprintf("CREATE ROLE %s LOGIN PASSWORD '%s'", SCRAMUser, SCRAMPassword),
 		fmt.Sprintf("CREATE ROLE %s LOGIN PASSWORD '%s'", TLSUser, TLSPassword),
 		fmt.Sprintf("CREATE ROLE %s LOGIN PASSWORD '%s'", DeniedUser, DeniedPassword),
+		fmt.Sprintf("CREATE ROLE %s LOGIN PASSWORD '%s'", SASLprepUser, SASLprepPassword),
 	}
 	for _, s := range stmts {
 		if _, err := conn.Exec(ctx, s); err != nil {

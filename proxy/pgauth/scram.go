@@ -42,8 +42,10 @@ func sha256Sum(b []byte) []byte {
 	return s[:]
 }
 
+// saltedPassword is SCRAM's SaltedPassword of a plaintext password, prepared as
+// PostgreSQL prepares it (see saslPrep).
 func saltedPassword(password string, salt []byte, iterations int) []byte {
-	key, err := pbkdf2.Key(sha256.New, password, salt, iterations, keyLen)
+	key, err := pbkdf2.Key(sha256.New, saslPrep(password), salt, iterations, keyLen)
 	if err != nil {
 		// Only a FIPS-140 mode restriction makes this fail; a short password is not
 		// worth crashing over, and the login simply fails.

@@ -108,7 +108,8 @@
 //     the handlers' bookkeeping, and the end of either side.
 //   - loop_linux.go: the event loops: epoll sets, their goroutines, posting work to them.
 //   - loopsession_linux.go: a session on an event loop (loopSession, the loop's engine):
-//     adopt, reading whole messages, streaming large rows, finish, detach and reattach.
+//     adopt, reading whole messages, the run that goes out last in a turn (writeOut),
+//     streaming large rows, finish, detach and reattach.
 //   - loopio_linux.go: non-blocking socket I/O for loops, and the hand-off to goroutines.
 //   - loop_other.go: no event loops where epoll is missing.
 //   - wire.go: reading and writing protocol messages; buffer sizes and limits.

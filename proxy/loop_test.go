@@ -794,3 +794,70 @@ func TestLoopCloseBeforeTLSTakeover(t *testing.T) {
 		return nil
 	})
 }
+
+// TestLoopBurstOfWholeBuffers has a client send, in one go, Queries that fill the
+// session's read buffer exactly, again and again: each buffer is a run that crosses
+// unchanged and goes out last in its turn, straight from the buffer, while the loop
+// reads on into the same buffer. Every Query must reach the server intact and in order,
+// with a rewriting proxy and without.
+func TestLoopBurstOfWholeBuffers(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	rw, err := rewrite.New(rewrite.Settings{Fill: []rewrite.FillRule{{Table: "orders", Column: "id", Tag: "order"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name      string
+		configure func(*Server)
+	}{
+		{"plain", func(s *Server) { s.EventLoops = 1 }},
+		{"rewriting", func(s *Server) { s.Rewriter, s.IDs, s.EventLoops = rw, &promptIDs{}, 1 }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := startProxy(t, db, tt.configure)
+			hc := hijacked(t, p.url(db))
+			_ = hc.Conn.SetDeadline(time.Now().Add(time.Minute))
+			// 16 Queries of 512 bytes fill a read buffer; the budget of a turn leaves
+			// room to read the next buffer in the same turn.
+			const size, count = 512, 16 * 40
+			var burst []byte
+			pads := make([]string, count)
+			for i := range count {
+				sql := fmt.Sprintf("SELECT %d, '", i)
+				pads[i] = strings.Repeat("z", size-6-len(sql)-1)
+				sql += pads[i] + "'"
+				if burst, err = (&pgproto3.Query{String: sql}).Encode(burst); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if len(burst) != size*count || readBufferSize%size != 0 {
+				t.Fatalf("burst of %d bytes, want %d Queries of %d", len(burst), count, size)
+			}
+			sent := make(chan error, 1)
+			go func() {
+				_, err := hc.Conn.Write(burst)
+				sent <- err
+			}()
+			fe := pgproto3.NewFrontend(hc.Conn, hc.Conn)
+			for i := 0; i < count; {
+				msg, err := fe.Receive()
+				if err != nil {
+					t.Fatalf("after %d answers: %v", i, err)
+				}
+				switch m := msg.(type) {
+				case *pgproto3.DataRow:
+					if len(m.Values) != 2 || string(m.Values[0]) != fmt.Sprint(i) || string(m.Values[1]) != pads[i] {
+						t.Fatalf("answer %d: row %q", i, m.Values)
+					}
+				case *pgproto3.ErrorResponse:
+					t.Fatalf("answer %d: error %s: %s", i, m.Code, m.Message)
+				case *pgproto3.ReadyForQuery:
+					i++
+				}
+			}
+			if err := <-sent; err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

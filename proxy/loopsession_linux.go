@@ -50,6 +50,14 @@ type loopSession struct {
 	deadline  time.Time // when finishing gives up waiting
 	streaming int       // body bytes of an upstream message still to stream to the client
 
+	// out is a run of messages cleared to pass, still in the read buffer it came in,
+	// that goes to the plain socket of outTo as the last step of process (see relayRun
+	// and writeOut). Writing last lets the session's bookkeeping find its state still
+	// in the processor's caches: sending bytes on a local connection runs the peer's
+	// receipt and wake-up in the kernel too, which evicts much of it.
+	out   []byte
+	outTo *loopEnd
+
 	// tx is the session's pooledConn in transaction mode (see txloop_linux.go), nil in
 	// session mode; bare: it has given its buffers back while quiet.
 	tx   *pooledConn
@@ -366,6 +374,7 @@ func (ls *loopSession) process() {
 			if side == &ls.upstream {
 				r = &c.server.r
 				if ls.streaming > 0 {
+					ls.writeOut()
 					streamed, failed := ls.stream()
 					if failed {
 						ls.finish()
@@ -381,6 +390,9 @@ func (ls *loopSession) process() {
 			if r.br.Buffered() < 5 && !side.mayHaveInput() {
 				continue // nothing to read: spare the reader's calls down to the socket
 			}
+			// A fill of the reader may move the bytes of the run still to go out; the
+			// handlers write in order after it.
+			ls.writeOut()
 			typ, n, ready, tooLarge := ls.whole(r, &side.in)
 			if tooLarge {
 				if side == &ls.upstream && ls.startStream() {
@@ -439,16 +451,35 @@ func (ls *loopSession) process() {
 			break
 		}
 	}
-	ls.flushWriters()
+	if ls.tx != nil || c.cw.Buffered() > 0 || c.server.w.Buffered() > 0 {
+		ls.flushWriters() // in session mode, only when a handler left output
+	}
+	if !ls.settle(budget) || ls.out == nil {
+		return
+	}
+	// The run relayed last goes out now that the rest is done; should the socket not
+	// take it all, or fail, the session settles again around what is left.
+	to := ls.outTo
+	ls.writeOut()
+	if len(to.sink.pending) > 0 || to.sink.err != nil {
+		ls.settle(budget)
+	}
+}
+
+// settle acts on the session's output after process has handled its input: it ends
+// the session whose client is gone or whose server connection failed (reporting false),
+// gives back the memory of large messages, queues the session for another turn when it
+// used up its budget, and tells the loop what to wait for.
+func (ls *loopSession) settle(budget int) bool {
 	switch {
 	case ls.client.sink.err != nil:
 		// The client is gone; so is the session.
 		ls.teardown()
-		return
+		return false
 	case ls.upstream.output().err != nil:
-		c.tellClient(sqlstate.ConnectionFailure, "server closed the connection unexpectedly")
+		ls.c.tellClient(sqlstate.ConnectionFailure, "server closed the connection unexpectedly")
 		ls.finish()
-		return
+		return false
 	}
 	ls.shrink()
 	if budget <= 0 && !ls.queued {
@@ -460,6 +491,7 @@ func (ls *loopSession) process() {
 		ls.inQuiet = true
 		ls.loop.quiet = append(ls.loop.quiet, ls)
 	}
+	return !ls.dead
 }
 
 // whole reports whether the next message from r is buffered whole, reading from the
@@ -497,15 +529,32 @@ func (ls *loopSession) whole(r *msgReader, in *endReader) (typ byte, n int, read
 
 // relayRun writes the first n bytes r holds, a run of messages cleared to pass, to the
 // side to, as relayRun does through w. When w holds nothing and r nothing more, they go
-// straight from r's buffer to the socket of a plain side, without a copy into w.
+// straight from r's buffer to the socket of a plain side, without a copy into w, at the
+// end of process (see out).
 func (ls *loopSession) relayRun(r *msgReader, w *bufio.Writer, to *loopEnd, n int) {
 	if n == 0 || w.Buffered() > 0 || to.tls != nil || to.pio != nil || r.br.Buffered() != n {
+		ls.writeOut() // w goes out after it
 		relayRun(r, w, n)
 		return
 	}
-	p, _ := r.br.Peek(n)
-	_, _ = to.sink.Write(p) // what the socket does not take now waits in pending
+	ls.writeOut()
+	// The bytes stay where they are until r reads again, which writeOut precedes.
+	ls.out, _ = r.br.Peek(n)
+	ls.outTo = to
 	_, _ = r.br.Discard(n)
+}
+
+// writeOut writes the run of messages process has left to go out last, if any, to its
+// socket; what the socket does not take now waits in pending. It must run before the
+// reader the bytes are in reads again (a fill moves them) and before anything else is
+// written to that socket.
+func (ls *loopSession) writeOut() {
+	if ls.out == nil {
+		return
+	}
+	p, to := ls.out, ls.outTo
+	ls.out, ls.outTo = nil, nil
+	_, _ = to.sink.Write(p)
 }
 
 // startStream starts forwarding the upstream's next message, too large for the loop to
@@ -584,6 +633,7 @@ func (ls *loopSession) shrink() {
 }
 
 func (ls *loopSession) flushWriters() {
+	ls.writeOut()
 	if ls.bare {
 		return
 	}
@@ -681,6 +731,7 @@ func (ls *loopSession) teardown() {
 		return
 	}
 	ls.dead = true
+	ls.out, ls.outTo = nil, nil // the session ends: nothing more goes out
 	l := ls.loop
 	l.remove(&ls.client)
 	if ls.client.fd >= 0 {

@@ -373,7 +373,11 @@ func (c *conn) passUpstreamRun(max int) (n, count int) {
 			if end-off != 6 { // a ReadyForQuery carries one byte
 				return off, count
 			}
-			c.server.txStatus.Store(uint32(buf[off+5]))
+			if st := uint32(buf[off+5]); c.server.txStatus.Load() != st {
+				// Stored only when it changes (this goroutine is the only writer): a
+				// store is a locked instruction, and the status rarely changes.
+				c.server.txStatus.Store(st)
+			}
 			if rewriting {
 				c.endCycle()
 			} else {

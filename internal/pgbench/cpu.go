@@ -34,6 +34,19 @@ func ProcessCPU(pid int) func() (time.Duration, error) {
 	}
 }
 
+// ProcessUserCPU returns a meter of another process's user CPU time alone (utime of
+// /proc/PID/stat): steadier than the total for changes to the process's own code, as
+// the kernel's share moves with the machine's load.
+func ProcessUserCPU(pid int) func() (time.Duration, error) {
+	return func() (time.Duration, error) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return 0, err
+		}
+		return parseStatUserCPU(string(b))
+	}
+}
+
 // ProcessTreeCPU returns a CPU meter of another process and of its children that have
 // ended and been waited for (cutime and cstime): for the postmaster, the backends of
 // connections that have closed, so that its growth over a run of pgbench -C is what
@@ -46,6 +59,23 @@ func ProcessTreeCPU(pid int) func() (time.Duration, error) {
 		}
 		return parseStatCPU(string(b), true)
 	}
+}
+
+// parseStatUserCPU reads utime (field 14) of a /proc/PID/stat line.
+func parseStatUserCPU(stat string) (time.Duration, error) {
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("malformed stat line %q", stat)
+	}
+	f := strings.Fields(stat[i+1:])
+	if len(f) < 12 {
+		return 0, fmt.Errorf("short stat line %q", stat)
+	}
+	ticks, err := strconv.ParseInt(f[11], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("stat field %q: %w", f[11], err)
+	}
+	return time.Duration(ticks) * time.Second / clockTicks, nil
 }
 
 // parseStatCPU reads utime and stime (fields 14 and 15) of a /proc/PID/stat line and,

@@ -108,6 +108,9 @@ func (p *Leafproxy) Pid() int { return p.cmd.Process.Pid }
 // CPU is a CPU meter of the leafproxy process.
 func (p *Leafproxy) CPU() (time.Duration, error) { return ProcessCPU(p.cmd.Process.Pid)() }
 
+// UserCPU is a meter of the leafproxy process's user CPU time.
+func (p *Leafproxy) UserCPU() (time.Duration, error) { return ProcessUserCPU(p.cmd.Process.Pid)() }
+
 // URL returns serverURL pointed at the proxy.
 func (p *Leafproxy) URL(serverURL string) string { return withHost(serverURL, p.Addr) }
 

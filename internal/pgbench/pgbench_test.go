@@ -75,6 +75,13 @@ func TestParseStatCPU(t *testing.T) {
 	if _, err := parseStatCPU("garbage", false); err == nil {
 		t.Fatal("no error for a line without a command name")
 	}
+	// User time alone: utime's 150 ticks.
+	if got, err := parseStatUserCPU(stat); err != nil || got != 1500*time.Millisecond {
+		t.Fatalf("user cpu %v, %v, want 1.5s", got, err)
+	}
+	if _, err := parseStatUserCPU("garbage"); err == nil {
+		t.Fatal("no error for a line without a command name")
+	}
 }
 
 func TestSelfCPUGrows(t *testing.T) {

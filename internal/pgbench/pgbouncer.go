@@ -183,6 +183,9 @@ func StartPgBouncer(ctx context.Context, serverURL string, o BouncerOptions) (*P
 // CPU is a CPU meter of the PgBouncer process.
 func (b *PgBouncer) CPU() (time.Duration, error) { return ProcessCPU(b.cmd.Process.Pid)() }
 
+// UserCPU is a meter of the PgBouncer process's user CPU time.
+func (b *PgBouncer) UserCPU() (time.Duration, error) { return ProcessUserCPU(b.cmd.Process.Pid)() }
+
 // URL returns serverURL pointed at PgBouncer.
 func (b *PgBouncer) URL(serverURL string) string { return withHost(serverURL, b.Addr) }
 

@@ -108,6 +108,7 @@ func run() error {
 	poolSize := flag.Int("pool-size", 20, "server connections of the tx-pool group's pools")
 	txDuration := flag.Duration("tx-T", 0, "duration of each tx-pool run (default: -T, at least 10s, as pgbench opens its connections within the run and 200 new backends take seconds on a loaded machine)")
 	pprofDir := flag.String("pprof-dir", "", "write a CPU profile of leafproxy over each of its tx-pool, tx-logins and transaction-mode connect runs to this directory (the profiling adds a little to its CPU figures)")
+	userCPU := flag.Bool("user-cpu", false, "the select-only groups' CPU columns count the hops' user time only (utime), steadier than the total for changes to a hop's own code; the bare relay's stays its total")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of this process (the bare relay) to this file")
 	flag.Parse()
 	if *cpuProfile != "" {
@@ -158,7 +159,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	h := hops{bin: bin, otherBin: *otherBin, dbURL: dbURL, bouncer: !*noBouncer, goroutines: *goroutines, bare: *bare, direct: *direct}
+	h := hops{bin: bin, otherBin: *otherBin, dbURL: dbURL, bouncer: !*noBouncer, goroutines: *goroutines, bare: *bare, direct: *direct, userCPU: *userCPU}
 
 	tcp, err := h.selectOnly(ctx, "select-only", "", nil)
 	if err != nil {
@@ -246,6 +247,9 @@ func run() error {
 		Rounds:   *rounds,
 		Log:      func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) },
 	}, groups)
+	if *userCPU {
+		fmt.Println("CPU columns of the select-only groups: user time only.")
+	}
 	fmt.Print(pgbench.Table(groups, results))
 	return err
 }
@@ -259,6 +263,16 @@ type hops struct {
 	otherBin   string // add leafproxy from this binary too (empty: none)
 	bare       bool   // add the bare relay
 	direct     bool   // add the server itself
+	userCPU    bool   // select-only CPU meters count user time only
+}
+
+// meter is the CPU meter of a select-only group's leafproxy: its total CPU time, or its
+// user time with -user-cpu.
+func (h hops) meter(lp *pgbench.Leafproxy) func() (time.Duration, error) {
+	if h.userCPU {
+		return lp.UserCPU
+	}
+	return lp.CPU
 }
 
 // selectOnlyGroup is a started select-only group.
@@ -313,7 +327,7 @@ func (h hops) selectOnly(ctx context.Context, name, socketDir string, tlsFiles *
 		return g, err
 	}
 	stops = append(stops, func() { _ = lp.Close() })
-	g.leafproxy = pgbench.Endpoint{Name: "leafproxy", URL: lp.URL(h.dbURL), CPU: lp.CPU}
+	g.leafproxy = pgbench.Endpoint{Name: "leafproxy", URL: lp.URL(h.dbURL), CPU: h.meter(lp)}
 	add(g.leafproxy)
 	if h.goroutines {
 		lg, err := pgbench.StartLeafproxy(ctx, h.bin, append(args, "--event-loops", "-1")...)
@@ -322,7 +336,7 @@ func (h hops) selectOnly(ctx context.Context, name, socketDir string, tlsFiles *
 			return g, err
 		}
 		stops = append(stops, func() { _ = lg.Close() })
-		add(pgbench.Endpoint{Name: "leafproxy goroutines", URL: lg.URL(h.dbURL), CPU: lg.CPU})
+		add(pgbench.Endpoint{Name: "leafproxy goroutines", URL: lg.URL(h.dbURL), CPU: h.meter(lg)})
 	}
 	if h.otherBin != "" {
 		lo, err := pgbench.StartLeafproxy(ctx, h.otherBin, args...)
@@ -331,7 +345,7 @@ func (h hops) selectOnly(ctx context.Context, name, socketDir string, tlsFiles *
 			return g, err
 		}
 		stops = append(stops, func() { _ = lo.Close() })
-		add(pgbench.Endpoint{Name: "leafproxy other", URL: lo.URL(h.dbURL), CPU: lo.CPU})
+		add(pgbench.Endpoint{Name: "leafproxy other", URL: lo.URL(h.dbURL), CPU: h.meter(lo)})
 	}
 	if h.bouncer {
 		b, err := pgbench.StartPgBouncer(ctx, h.dbURL, pgbench.BouncerOptions{SocketDir: socketDir, TLS: tlsFiles})
@@ -340,7 +354,11 @@ func (h hops) selectOnly(ctx context.Context, name, socketDir string, tlsFiles *
 			return g, err
 		}
 		stops = append(stops, func() { _ = b.Close() })
-		add(pgbench.Endpoint{Name: "pgbouncer", URL: b.URL(h.dbURL), CPU: b.CPU})
+		cpu := b.CPU
+		if h.userCPU {
+			cpu = b.UserCPU
+		}
+		add(pgbench.Endpoint{Name: "pgbouncer", URL: b.URL(h.dbURL), CPU: cpu})
 	}
 	if !h.bare {
 		return g, nil

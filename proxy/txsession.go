@@ -223,6 +223,9 @@ type pooledConn struct {
 	rpc     *physConn // the connection rstream belongs to; reader only
 	rbuf    []byte    // the message being read; reader only
 	rneed   int       // bytes of the message in rbuf still to come; reader only
+	// direct is the caller's buffer of the Read in progress, which serverMessage fills
+	// as far as it can (see emit); nil between Reads.
+	direct []byte
 
 	park parkState
 }
@@ -850,9 +853,10 @@ func (v *pooledConn) Read(p []byte) (int, error) {
 
 // readServer reads from pc: the next piece of a streamed message straight into p, or
 // whole messages, which serverMessage handles (with mu held: held says the caller holds
-// it throughout, else readServer takes it for them). On an event loop pc's reads do not
-// block, and the caller holds mu: a message that has not arrived whole waits in rbuf
-// (rneed more bytes to come), and errWouldBlock says that nothing more is to be had now.
+// it throughout, else readServer takes it for them) into p as far as it has room (see
+// emit). It returns the bytes it put in p. On an event loop pc's reads do not block,
+// and the caller holds mu: a message that has not arrived whole waits in rbuf (rneed
+// more bytes to come), and errWouldBlock says that nothing more is to be had now.
 func (v *pooledConn) readServer(pc *physConn, p []byte, held bool) (int, error) {
 	if v.rpc != pc {
 		v.rpc, v.rstream, v.rneed = pc, 0, 0
@@ -889,53 +893,72 @@ func (v *pooledConn) readServer(pc *physConn, p []byte, held bool) (int, error) 
 				return copied, nil
 			}
 		}
-		msg := slices.Grow(v.rbuf[:0], 5+n)[:5]
-		copy(msg, h)
-		_, _ = pc.br.Discard(5)
-		v.rbuf, v.rneed = msg, n
-	}
-	for v.rneed > 0 {
-		// What is buffered, or what one read of the socket brings.
-		if pc.br.Buffered() == 0 {
-			if _, err := pc.br.Peek(1); err != nil {
-				if err == io.EOF {
-					err = io.ErrUnexpectedEOF
-				}
-				return 0, err
-			}
+		if pc.br.Buffered() < 5+n {
+			// Not here whole: the message is gathered in rbuf.
+			msg := slices.Grow(v.rbuf[:0], 5+n)[:5]
+			copy(msg, h)
+			_, _ = pc.br.Discard(5)
+			v.rbuf, v.rneed = msg, n
 		}
-		chunk, _ := pc.br.Peek(min(v.rneed, pc.br.Buffered()))
-		v.rbuf = append(v.rbuf, chunk...)
-		_, _ = pc.br.Discard(len(chunk))
-		v.rneed -= len(chunk)
 	}
-	msg := v.rbuf
-	if cap(msg) > keepBufferSize {
-		v.rbuf = nil
+	var gathered []byte
+	if v.rneed > 0 {
+		for v.rneed > 0 {
+			// What is buffered, or what one read of the socket brings.
+			if pc.br.Buffered() == 0 {
+				if _, err := pc.br.Peek(1); err != nil {
+					if err == io.EOF {
+						err = io.ErrUnexpectedEOF
+					}
+					return 0, err
+				}
+			}
+			chunk, _ := pc.br.Peek(min(v.rneed, pc.br.Buffered()))
+			v.rbuf = append(v.rbuf, chunk...)
+			_, _ = pc.br.Discard(len(chunk))
+			v.rneed -= len(chunk)
+		}
+		gathered = v.rbuf
+		if cap(gathered) > keepBufferSize {
+			v.rbuf = nil
+		}
 	}
 	if !held {
 		v.mu.Lock()
 		defer v.mu.Unlock()
 	}
-	v.serverMessage(msg)
+	v.direct = p[:0:len(p)]
+	if gathered != nil {
+		v.serverMessage(gathered)
+	}
 	// The messages already buffered whole go in the same turn, under one lock, until the
-	// connection is given back.
+	// connection is given back. Each is handled where pc's buffer holds it, taken off pc
+	// first: serverMessage copies what it keeps of it before it may give pc back, after
+	// which another session may read into that buffer.
 	for v.pc == pc && !v.closed && pc.br.Buffered() >= 5 {
 		h, _ := pc.br.Peek(5)
 		n := int(binary.BigEndian.Uint32(h[1:])) - 4
 		if n < 0 || pc.br.Buffered() < 5+n {
 			break
 		}
-		// Taken off pc before it is handled: handling it may give pc back.
-		peeked, _ := pc.br.Peek(5 + n)
-		msg := append(v.rbuf[:0], peeked...)
-		if cap(msg) <= keepBufferSize {
-			v.rbuf = msg
-		}
+		msg, _ := pc.br.Peek(5 + n)
 		_, _ = pc.br.Discard(5 + n)
 		v.serverMessage(msg)
 	}
-	return 0, nil
+	put := len(v.direct)
+	v.direct = nil
+	return put, nil
+}
+
+// emit queues msg, a message of the server or of the proxy's own, for the session:
+// straight into the buffer of the Read in progress (direct) while it has room and
+// nothing waits in rout, else in rout, which the next Reads drain.
+func (v *pooledConn) emit(msg []byte) {
+	if len(v.rout) == 0 && len(v.direct)+len(msg) <= cap(v.direct) {
+		v.direct = append(v.direct, msg...)
+		return
+	}
+	v.rout = append(v.rout, msg...)
 }
 
 // serverMessage handles one whole message of the borrowed connection, queueing what the
@@ -953,7 +976,7 @@ func (v *pooledConn) serverMessage(msg []byte) {
 				v.keyOK = false
 			}
 		}
-		v.rout = append(v.rout, msg...)
+		v.emit(msg)
 		return
 	}
 	var front *expect
@@ -1030,11 +1053,11 @@ func (v *pooledConn) serverMessage(msg []byte) {
 			}
 		}
 		v.outstanding--
-		v.rout = append(v.rout, msg...)
+		v.emit(msg)
 		v.afterReady(body)
 		return
 	}
-	v.rout = append(v.rout, msg...)
+	v.emit(msg)
 }
 
 // Close ends the session's side: a connection borrowed in a transaction, or owing

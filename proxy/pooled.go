@@ -200,6 +200,11 @@ type physConn struct {
 	// login holds the ParameterStatus values reported at login, by name as the server
 	// spells it; they are what a new client is told at its startup.
 	login []paramValue
+	// loginUser is the session_authorization reported at login (see sessionUserChanged).
+	loginUser struct {
+		value string
+		ok    bool
+	}
 	// params holds the values of the settings the proxy tracks as they are now on this
 	// connection, by lower-case name: those the server reports, and those the proxy set.
 	params map[string]string
@@ -310,6 +315,9 @@ func (p *physConn) logIn(t *poolTarget) error {
 			name, value, ok := splitParameterStatus(body)
 			if ok {
 				p.login = append(p.login, paramValue{name, value})
+				if strings.EqualFold(name, "session_authorization") {
+					p.loginUser.value, p.loginUser.ok = value, true
+				}
 				p.params[strings.ToLower(name)] = value
 				p.reported[strings.ToLower(name)] = true
 			}

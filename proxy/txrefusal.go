@@ -1,8 +1,6 @@
 package proxy
 
 import (
-	"strings"
-
 	pg_query "github.com/pganalyze/pg_query_go/v6"
 
 	"github.com/leafproxy/leafproxy/internal/sqlstate"
@@ -79,16 +77,11 @@ func refusedStatement(stmt *pg_query.Node) string {
 // and the server reports it. Such a connection is reset (DISCARD ALL) before it is lent
 // again, lest the next client run as that user.
 func (p *physConn) sessionUserChanged() bool {
-	now, ok := p.params["session_authorization"]
-	if !ok {
+	if !p.loginUser.ok {
 		return false
 	}
-	for _, pv := range p.login {
-		if strings.EqualFold(pv.name, "session_authorization") {
-			return pv.value != now
-		}
-	}
-	return false
+	now, ok := p.params["session_authorization"]
+	return ok && now != p.loginUser.value
 }
 
 // txWords is what one pass over the text of a Query or Parse found of the words

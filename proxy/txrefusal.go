@@ -94,55 +94,45 @@ type txWords struct {
 	set       bool // SET or RESET, maybe SESSION or LOCAL, of a name with a dot (txcustom.go)
 }
 
-// scanTxWords looks through sql once, in any case, for the words of txWords.
+// scanTxWords looks through sql once, in any case, for the words of txWords. Most bytes
+// start none of them; a letter that starts one is looked at further only when the next
+// letter is that word's second, as it rarely is in ordinary statements.
 func scanTxWords[T string | []byte](sql T) (w txWords) {
-	for i := 0; i < len(sql); i++ {
-		var words []string
-		switch sql[i] | ('a' - 'A') {
-		case 'p':
-			words = pWords
-		case 'l':
-			words = lWords
-		case 'h':
-			words = hWords
-		case 't':
-			words = tWords
-		case 'a':
-			words = aWords
-		case 'd':
-			w.dealloc = w.dealloc || hasWordAt(sql, i, "deallocate")
+	for i := 0; i+1 < len(sql); i++ {
+		c := sql[i] | ('a' - 'A') // a letter in lower case; no other byte becomes one
+		if !txWordStart[c] {
 			continue
-		case 's':
+		}
+		switch uint16(c)<<8 | uint16(sql[i+1]|('a'-'A')) {
+		case 'p'<<8 | 'g':
+			if hasWordAt(sql, i, "pg_advisory_lock") || hasWordAt(sql, i, "pg_try_advisory_lock") {
+				w.lock = true
+			}
+		case 'p'<<8 | 'r':
+			w.refusable = w.refusable || hasWordAt(sql, i, "prepare")
+		case 'l'<<8 | 'i':
+			w.refusable = w.refusable || hasWordAt(sql, i, "listen")
+		case 'h'<<8 | 'o':
+			w.refusable = w.refusable || hasWordAt(sql, i, "hold")
+		case 't'<<8 | 'e':
+			w.refusable = w.refusable || hasWordAt(sql, i, "temp")
+		case 'a'<<8 | 'u':
+			w.refusable = w.refusable || hasWordAt(sql, i, "authorization")
+		case 'd'<<8 | 'e':
+			w.dealloc = w.dealloc || hasWordAt(sql, i, "deallocate")
+		case 's'<<8 | 'e':
 			if hasWordAt(sql, i, "set_config") {
 				w.setConfig = true
 			} else if !w.set && customSetAt(sql, i) {
 				w.set = true
-			}
-			continue
-		default:
-			continue
-		}
-		for _, word := range words {
-			if hasWordAt(sql, i, word) {
-				if word[0] == 'p' && word[1] == 'g' {
-					w.lock = true
-				} else {
-					w.refusable = true
-				}
 			}
 		}
 	}
 	return w
 }
 
-// The words of scanTxWords by their first letter; lock function names start with pg.
-var (
-	pWords = []string{"pg_advisory_lock", "pg_try_advisory_lock", "prepare"}
-	lWords = []string{"listen"}
-	hWords = []string{"hold"}
-	tWords = []string{"temp"}
-	aWords = []string{"authorization"}
-)
+// txWordStart tells the first letters of the words of scanTxWords, in lower case.
+var txWordStart = [256]bool{'p': true, 'l': true, 'h': true, 't': true, 'a': true, 'd': true, 's': true}
 
 func refusedMessage(what string) []byte {
 	return errorMessage(sqlstate.FeatureNotSupported, what+" cannot be used in transaction pool mode", refusalHint)

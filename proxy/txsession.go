@@ -969,7 +969,7 @@ func (v *pooledConn) serverMessage(msg []byte) {
 	if typ == serverParameterStatus {
 		if name, value, ok := splitParameterStatus(body); ok {
 			lname := strings.ToLower(name)
-			pc.params[lname] = value
+			pc.setParam(lname, value)
 			pc.applied = false
 			if !notCarried[lname] && v.params[lname] != value {
 				v.params[lname] = value

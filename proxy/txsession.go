@@ -209,6 +209,9 @@ type pooledConn struct {
 	wbuf       []byte
 	obuf       []byte
 	discarding []byte // ErrorResponse to answer at the Sync; nil when not discarding
+	// runs: handle sends messages that go as they are from its input (see passOn), and
+	// passed says that clientMessage left the message there.
+	runs, passed bool
 	// heldVerdict is the verdict on the message at the head of wbuf, which waits for a
 	// connection (verdictHeld), so that its text is not looked at again.
 	heldVerdict queryVerdict
@@ -471,27 +474,47 @@ func (v *pooledConn) pump() error {
 // handle handles the whole messages at the start of in, which is wbuf (inBuf) or the
 // caller's, and writes what the server must get; the rest (a partial message, or
 // messages waiting for a connection) stays in wbuf. Called with mu held, which it lets go.
+//
+// Messages that go to the server as they are (see passOn) are written from the caller's
+// in itself while nothing else is to go before them: most cycles then cost no copy.
 func (v *pooledConn) handle(in []byte, inBuf bool) error {
 	out := v.obuf[:0]
 	var pc *physConn
 	done := 0
+	runFrom, runTo := 0, 0 // the run of in that goes out as it is, while out is empty
+	v.runs = !inBuf        // wbuf is compacted before the write
 	for len(in)-done >= 5 {
 		n := int(binary.BigEndian.Uint32(in[done+1:])) + 1
 		if n < 5 || len(in)-done < n {
 			break
 		}
 		var err error
+		v.passed = false
 		out, pc, err = v.clientMessage(out, pc, in[done:done+n])
 		if err == errAwaitServer {
 			v.awaiting = true
 			break
 		}
 		if err != nil {
+			v.runs = false
 			v.mu.Unlock()
 			return err
 		}
+		switch {
+		case v.passed:
+			if runTo == runFrom {
+				runFrom = done
+			}
+			runTo = done + n
+		case runTo > runFrom:
+			// Something else than the message as it is, or nothing at all: the run
+			// goes first, and what follows is built in out.
+			out = slices.Insert(out, 0, in[runFrom:runTo]...)
+			runFrom, runTo, v.runs = 0, 0, false
+		}
 		done += n
 	}
+	v.runs = false
 	if inBuf {
 		v.wbuf = v.wbuf[:copy(v.wbuf, v.wbuf[done:])]
 	} else {
@@ -504,12 +527,26 @@ func (v *pooledConn) handle(in []byte, inBuf bool) error {
 	if cap(out) <= keepBufferSize {
 		v.obuf = out[:0]
 	}
+	if runTo > runFrom {
+		out = in[runFrom:runTo]
+	}
 	if len(out) > 0 {
 		if _, err := pc.nc.Write(out); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// passOn appends msg, a message of the session that goes to the server as it is, to out;
+// while out is empty and handle keeps runs, it leaves msg where it is, and passed tells
+// handle to send it from there.
+func (v *pooledConn) passOn(out, msg []byte) []byte {
+	if v.runs && len(out) == 0 {
+		v.passed = true
+		return out
+	}
+	return append(out, msg...)
 }
 
 func (v *pooledConn) endWrite() {
@@ -655,7 +692,7 @@ func (v *pooledConn) clientMessage(out []byte, pc *physConn, msg []byte) ([]byte
 	case clientFlush:
 		v.unsynced = true
 	}
-	return append(out, msg...), pc, nil
+	return v.passOn(out, msg), pc, nil
 }
 
 // push queues an answer the server owes the proxy. The queue is consumed from its front
@@ -708,7 +745,7 @@ func (v *pooledConn) parse(out, msg []byte, verdict queryVerdict) []byte {
 		if st.dealloc != nil {
 			return appendMessage(out, clientParse, []byte{0}, st.rest)
 		}
-		return append(out, msg...)
+		return v.passOn(out, msg)
 	}
 	st.sname = pstmtName(st.rest)
 	v.stmts[name] = st
@@ -768,7 +805,7 @@ func (v *pooledConn) bind(out, msg []byte) []byte {
 		v.bindPortal(portal, st)
 	}
 	if !ok || name == "" {
-		return append(out, msg...)
+		return v.passOn(out, msg)
 	}
 	return appendMessage(out, clientBind, []byte(portal), []byte{0}, []byte(sname), []byte{0}, rest[len(name)+1:])
 }

@@ -434,55 +434,63 @@ func (v *pooledConn) idle() bool {
 // Write takes the session's messages for the server: whole messages are handled as they
 // complete (see clientMessage) and what the server must get is written to the borrowed
 // connection. On an event loop, messages that must wait for a connection wait in wbuf
-// (awaiting) until pump.
+// (awaiting) until pump; and as nothing there blocks, nor runs the session meanwhile,
+// Write holds mu throughout, the write to the connection included.
 func (v *pooledConn) Write(p []byte) (int, error) {
 	v.mu.Lock()
 	if v.closed {
 		v.mu.Unlock()
 		return 0, net.ErrClosed
 	}
-	v.writers++
-	defer v.endWrite()
+	held := v.host != nil
+	if held {
+		defer v.mu.Unlock()
+	} else {
+		v.writers++
+		defer v.endWrite()
+	}
 	if v.awaiting {
 		v.wbuf = append(v.wbuf, p...)
-		v.mu.Unlock()
+		if !held {
+			v.mu.Unlock()
+		}
 		return len(p), nil
 	}
 	// Whole messages are handled where they are: in p, or in wbuf once a partial one
 	// has been completed there.
 	if len(v.wbuf) > 0 {
 		v.wbuf = append(v.wbuf, p...)
-		return len(p), v.handle(v.wbuf, true)
+		return len(p), v.handle(v.wbuf, true, held)
 	}
-	return len(p), v.handle(p, false)
+	return len(p), v.handle(p, false, held)
 }
 
 // pump handles the messages that waited for a connection, once the wait has ended; the
 // session's loop calls it.
 func (v *pooledConn) pump() error {
 	v.mu.Lock()
+	defer v.mu.Unlock()
 	if !v.awaiting || !v.granted || v.closed {
-		v.mu.Unlock()
 		return nil
 	}
-	v.writers++
-	defer v.endWrite()
 	v.awaiting = false
-	return v.handle(v.wbuf, true)
+	return v.handle(v.wbuf, true, true)
 }
 
 // handle handles the whole messages at the start of in, which is wbuf (inBuf) or the
 // caller's, and writes what the server must get; the rest (a partial message, or
-// messages waiting for a connection) stays in wbuf. Called with mu held, which it lets go.
+// messages waiting for a connection) stays in wbuf. Called with mu held, which it lets go
+// unless the caller holds it throughout (held, on an event loop).
 //
-// Messages that go to the server as they are (see passOn) are written from the caller's
-// in itself while nothing else is to go before them: most cycles then cost no copy.
-func (v *pooledConn) handle(in []byte, inBuf bool) error {
+// Messages that go to the server as they are (see passOn) are written from in itself
+// while nothing else is to go before them: most cycles then cost no copy. Not from wbuf
+// when mu is let go before the write, for wbuf is compacted first.
+func (v *pooledConn) handle(in []byte, inBuf, held bool) error {
 	out := v.obuf[:0]
 	var pc *physConn
 	done := 0
 	runFrom, runTo := 0, 0 // the run of in that goes out as it is, while out is empty
-	v.runs = !inBuf        // wbuf is compacted before the write
+	v.runs = held || !inBuf
 	for len(in)-done >= 5 {
 		n := int(binary.BigEndian.Uint32(in[done+1:])) + 1
 		if n < 5 || len(in)-done < n {
@@ -497,7 +505,9 @@ func (v *pooledConn) handle(in []byte, inBuf bool) error {
 		}
 		if err != nil {
 			v.runs = false
-			v.mu.Unlock()
+			if !held {
+				v.mu.Unlock()
+			}
 			return err
 		}
 		switch {
@@ -515,6 +525,17 @@ func (v *pooledConn) handle(in []byte, inBuf bool) error {
 		done += n
 	}
 	v.runs = false
+	if cap(out) <= keepBufferSize {
+		v.obuf = out[:0]
+	}
+	if runTo > runFrom {
+		out = in[runFrom:runTo]
+	}
+	var err error
+	if held && len(out) > 0 {
+		_, err = pc.nc.Write(out) // does not block on a loop; out may be part of wbuf
+		out = nil
+	}
 	if inBuf {
 		v.wbuf = v.wbuf[:copy(v.wbuf, v.wbuf[done:])]
 	} else {
@@ -523,13 +544,10 @@ func (v *pooledConn) handle(in []byte, inBuf bool) error {
 	if len(v.wbuf) == 0 && cap(v.wbuf) > keepBufferSize {
 		v.wbuf = nil
 	}
+	if held {
+		return err
+	}
 	v.mu.Unlock()
-	if cap(out) <= keepBufferSize {
-		v.obuf = out[:0]
-	}
-	if runTo > runFrom {
-		out = in[runFrom:runTo]
-	}
 	if len(out) > 0 {
 		if _, err := pc.nc.Write(out); err != nil {
 			return err

@@ -126,8 +126,12 @@
 //   - pooled.go: PoolMode, the Server's pool and its Connector: the pooled connections
 //     (physConn), their logins, reset and close.
 //   - txsession.go: the server side of a session in transaction mode (pooledConn):
-//     borrowing and giving back, the client's statements prepared on each connection
-//     under names of the proxy's.
+//     borrowing and giving back, waiting for a connection, ending.
+//   - txwrite.go: the session's messages to the borrowed connection, each looked at once:
+//     the client's statements prepared on each connection under names of the proxy's;
+//     what goes as it is is written from the session's buffer, uncopied.
+//   - txread.go: the borrowed connection's messages to the session, handled where the
+//     connection's buffer holds them and put straight into the session's reader.
 //   - txsettings.go: the client's settings carried from connection to connection.
 //   - txstartup.go: the startup of a session in transaction mode (servePooled), answered
 //     with the ParameterStatus values of the pool's newest login (welcome).

@@ -180,8 +180,12 @@ type eventLoop struct {
 
 	idle atomic.Bool // no session since the last one ended: the loop waits loopLinger, then stops
 
-	mu      sync.Mutex // guards posted, woken and stopped, and the eventfd against its close
-	posted  []func()
+	mu     sync.Mutex // guards posted, woken and stopped, and the eventfd against its close
+	posted []func()
+	// spare is the array of the last batch of posted work the runner ran, cleared, which
+	// takes the place of posted at the next batch: with the two arrays taking turns,
+	// posting allocates nothing once both are large enough. The runner's only.
+	spare   []func()
 	woken   bool
 	stopped bool
 	halt    atomic.Bool   // stopped, for the loop to read each turn without taking mu
@@ -271,7 +275,7 @@ func (l *eventLoop) takeSelfPosted() []func() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	work := l.posted
-	l.posted = nil
+	l.posted, l.spare = l.spare, nil
 	return work
 }
 
@@ -313,7 +317,7 @@ func (l *eventLoop) takePosted() []func() {
 	defer l.mu.Unlock()
 	l.woken = false
 	work := l.posted
-	l.posted = nil
+	l.posted, l.spare = l.spare, nil
 	return work
 }
 
@@ -429,6 +433,9 @@ func (l *eventLoop) runPosted(work []func(), gen uint64) bool {
 			return false
 		}
 	}
+	// Still the runner: no handler detached since the last look.
+	clear(work)
+	l.spare = work[:0]
 	return true
 }
 

@@ -65,6 +65,9 @@ type pooling struct {
 // and stores no password.
 type poolTarget struct {
 	addr, database, user string
+	// key is the key as first made: every session of the key gets these very strings,
+	// which the pool then compares at once, by their pointers, when it looks the key up.
+	key pool.Key
 
 	mu        sync.Mutex
 	secret    *pgauth.Secret
@@ -91,7 +94,7 @@ func (s *Server) poolKey(addr, database, user string, front *pgauth.Login) pool.
 	if addr != s.Upstream {
 		key.Database = database + "@" + addr
 	}
-	v, _ := s.pooling.targets.LoadOrStore(key, &poolTarget{addr: addr, database: database, user: user})
+	v, _ := s.pooling.targets.LoadOrStore(key, &poolTarget{addr: addr, database: database, user: user, key: key})
 	t := v.(*poolTarget)
 	if front != nil && front.Secret != nil {
 		t.mu.Lock()
@@ -101,7 +104,7 @@ func (s *Server) poolKey(addr, database, user string, front *pgauth.Login) pool.
 		}
 		t.mu.Unlock()
 	}
-	return key
+	return t.key
 }
 
 // serverPool returns the pool of server connections, creating it on first use.
@@ -200,6 +203,13 @@ type physConn struct {
 	// login holds the ParameterStatus values reported at login, by name as the server
 	// spells it; they are what a new client is told at its startup.
 	login []paramValue
+	// loginUser is the session_authorization reported at login (see sessionUserChanged).
+	// userChanged: params holds another session_authorization than loginUser.
+	loginUser struct {
+		value string
+		ok    bool
+	}
+	userChanged bool
 	// params holds the values of the settings the proxy tracks as they are now on this
 	// connection, by lower-case name: those the server reports, and those the proxy set.
 	params map[string]string
@@ -310,7 +320,10 @@ func (p *physConn) logIn(t *poolTarget) error {
 			name, value, ok := splitParameterStatus(body)
 			if ok {
 				p.login = append(p.login, paramValue{name, value})
-				p.params[strings.ToLower(name)] = value
+				if strings.EqualFold(name, "session_authorization") {
+					p.loginUser.value, p.loginUser.ok = value, true
+				}
+				p.setParam(strings.ToLower(name), value)
 				p.reported[strings.ToLower(name)] = true
 			}
 		case serverBackendKeyData:
@@ -360,7 +373,7 @@ func (pc physConnector) Reset(ctx context.Context, p *physConn) error {
 	}
 	for name := range p.params {
 		if !p.reported[name] {
-			delete(p.params, name)
+			p.dropParam(name)
 		}
 	}
 	p.prepared.clear()
@@ -374,7 +387,7 @@ func (pc physConnector) Reset(ctx context.Context, p *physConn) error {
 		switch typ {
 		case serverParameterStatus:
 			if name, value, ok := splitParameterStatus(body); ok {
-				p.params[strings.ToLower(name)] = value
+				p.setParam(strings.ToLower(name), value)
 			}
 		case serverErrorResponse:
 			return fmt.Errorf("DISCARD ALL failed: %s", errorField(body, fieldMessage))

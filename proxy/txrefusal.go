@@ -1,8 +1,6 @@
 package proxy
 
 import (
-	"strings"
-
 	pg_query "github.com/pganalyze/pg_query_go/v6"
 
 	"github.com/leafproxy/leafproxy/internal/sqlstate"
@@ -78,17 +76,23 @@ func refusedStatement(stmt *pg_query.Node) string {
 // logged in as: SET SESSION AUTHORIZATION is refused, but set_config can change it too,
 // and the server reports it. Such a connection is reset (DISCARD ALL) before it is lent
 // again, lest the next client run as that user.
-func (p *physConn) sessionUserChanged() bool {
-	now, ok := p.params["session_authorization"]
-	if !ok {
-		return false
+func (p *physConn) sessionUserChanged() bool { return p.userChanged }
+
+// setParam notes the value of a setting on p, by lower-case name, and whether it makes
+// the session user another than at login.
+func (p *physConn) setParam(lname, value string) {
+	p.params[lname] = value
+	if lname == "session_authorization" {
+		p.userChanged = p.loginUser.ok && value != p.loginUser.value
 	}
-	for _, pv := range p.login {
-		if strings.EqualFold(pv.name, "session_authorization") {
-			return pv.value != now
-		}
+}
+
+// dropParam forgets the value of a setting on p.
+func (p *physConn) dropParam(lname string) {
+	delete(p.params, lname)
+	if lname == "session_authorization" {
+		p.userChanged = false
 	}
-	return false
 }
 
 // txWords is what one pass over the text of a Query or Parse found of the words
@@ -101,55 +105,45 @@ type txWords struct {
 	set       bool // SET or RESET, maybe SESSION or LOCAL, of a name with a dot (txcustom.go)
 }
 
-// scanTxWords looks through sql once, in any case, for the words of txWords.
+// scanTxWords looks through sql once, in any case, for the words of txWords. Most bytes
+// start none of them; a letter that starts one is looked at further only when the next
+// letter is that word's second, as it rarely is in ordinary statements.
 func scanTxWords[T string | []byte](sql T) (w txWords) {
-	for i := 0; i < len(sql); i++ {
-		var words []string
-		switch sql[i] | ('a' - 'A') {
-		case 'p':
-			words = pWords
-		case 'l':
-			words = lWords
-		case 'h':
-			words = hWords
-		case 't':
-			words = tWords
-		case 'a':
-			words = aWords
-		case 'd':
-			w.dealloc = w.dealloc || hasWordAt(sql, i, "deallocate")
+	for i := 0; i+1 < len(sql); i++ {
+		c := sql[i] | ('a' - 'A') // a letter in lower case; no other byte becomes one
+		if !txWordStart[c] {
 			continue
-		case 's':
+		}
+		switch uint16(c)<<8 | uint16(sql[i+1]|('a'-'A')) {
+		case 'p'<<8 | 'g':
+			if hasWordAt(sql, i, "pg_advisory_lock") || hasWordAt(sql, i, "pg_try_advisory_lock") {
+				w.lock = true
+			}
+		case 'p'<<8 | 'r':
+			w.refusable = w.refusable || hasWordAt(sql, i, "prepare")
+		case 'l'<<8 | 'i':
+			w.refusable = w.refusable || hasWordAt(sql, i, "listen")
+		case 'h'<<8 | 'o':
+			w.refusable = w.refusable || hasWordAt(sql, i, "hold")
+		case 't'<<8 | 'e':
+			w.refusable = w.refusable || hasWordAt(sql, i, "temp")
+		case 'a'<<8 | 'u':
+			w.refusable = w.refusable || hasWordAt(sql, i, "authorization")
+		case 'd'<<8 | 'e':
+			w.dealloc = w.dealloc || hasWordAt(sql, i, "deallocate")
+		case 's'<<8 | 'e':
 			if hasWordAt(sql, i, "set_config") {
 				w.setConfig = true
 			} else if !w.set && customSetAt(sql, i) {
 				w.set = true
-			}
-			continue
-		default:
-			continue
-		}
-		for _, word := range words {
-			if hasWordAt(sql, i, word) {
-				if word[0] == 'p' && word[1] == 'g' {
-					w.lock = true
-				} else {
-					w.refusable = true
-				}
 			}
 		}
 	}
 	return w
 }
 
-// The words of scanTxWords by their first letter; lock function names start with pg.
-var (
-	pWords = []string{"pg_advisory_lock", "pg_try_advisory_lock", "prepare"}
-	lWords = []string{"listen"}
-	hWords = []string{"hold"}
-	tWords = []string{"temp"}
-	aWords = []string{"authorization"}
-)
+// txWordStart tells the first letters of the words of scanTxWords, in lower case.
+var txWordStart = [256]bool{'p': true, 'l': true, 'h': true, 't': true, 'a': true, 'd': true, 's': true}
 
 func refusedMessage(what string) []byte {
 	return errorMessage(sqlstate.FeatureNotSupported, what+" cannot be used in transaction pool mode", refusalHint)

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"math/rand/v2"
 	"strings"
 	"testing"
 )
@@ -26,6 +27,48 @@ func TestTxWordsRefusal(t *testing.T) {
 		w, bw := scanTxWords(c.sql), scanTxWords([]byte(c.sql))
 		if w.lock != c.lock || w.refusable != c.other || bw != w {
 			t.Errorf("scanTxWords(%q) = %+v (bytes %+v), want lock %v, refusable %v", c.sql, w, bw, c.lock, c.other)
+		}
+	}
+}
+
+// TestScanTxWordsFindsEveryOccurrence: the scan, which looks further only where two
+// letters start a word, finds what a check of every word at every byte finds, in texts
+// made of the words, their pieces and their neighbours in any case.
+func TestScanTxWordsFindsEveryOccurrence(t *testing.T) {
+	words := []string{"pg_advisory_lock", "pg_try_advisory_lock", "prepare", "listen", "hold", "temp",
+		"authorization", "deallocate", "set_config", "set", "reset", "session", "local"}
+	pieces := append([]string{" ", "x.y", "pg_", "pr", "se", "SeT", "\u017f", "_", "'", "(", "a"}, words...)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 20000 {
+		var b strings.Builder
+		for range rng.IntN(6) {
+			p := pieces[rng.IntN(len(pieces))]
+			if rng.IntN(2) == 0 {
+				p = strings.ToUpper(p)
+			}
+			b.WriteString(p)
+			if rng.IntN(3) == 0 {
+				b.WriteByte(' ')
+			}
+		}
+		sql := b.String()
+		var want txWords
+		for i := range len(sql) {
+			for _, w := range []string{"pg_advisory_lock", "pg_try_advisory_lock"} {
+				want.lock = want.lock || hasWordAt(sql, i, w)
+			}
+			for _, w := range []string{"prepare", "listen", "hold", "temp", "authorization"} {
+				want.refusable = want.refusable || hasWordAt(sql, i, w)
+			}
+			want.dealloc = want.dealloc || hasWordAt(sql, i, "deallocate")
+			want.setConfig = want.setConfig || hasWordAt(sql, i, "set_config")
+			want.set = want.set || !hasWordAt(sql, i, "set_config") && customSetAt(sql, i)
+		}
+		if got := scanTxWords(sql); got != want {
+			t.Fatalf("scanTxWords(%q) = %+v, want %+v", sql, got, want)
+		}
+		if got := scanTxWords([]byte(sql)); got != want {
+			t.Fatalf("scanTxWords(bytes %q) = %+v, want %+v", sql, got, want)
 		}
 	}
 }

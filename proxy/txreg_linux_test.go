@@ -280,3 +280,36 @@ func onlyPool(t *testing.T, s *Server) pool.Stats {
 	}
 	return stats[0]
 }
+
+// TestPostedWorkAllocatesNothing: the work posted to a loop (a pool's answer to a session
+// that waited, one per transaction when clients outnumber connections) goes in an array
+// that takes turns with the one of the batch the runner ran last, so that posting
+// allocates nothing once both are large enough.
+func TestPostedWorkAllocatesNothing(t *testing.T) {
+	l, err := newEventLoop(nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.destroy)
+	ran := 0
+	f := func() { ran++ }
+	batch := func() {
+		// As while the runner gives a connection back: no wake-up through the eventfd.
+		l.inRelease.Store(true)
+		for range 5 {
+			l.post(f)
+		}
+		l.inRelease.Store(false)
+		if !l.selfPosted.Swap(false) || !l.runPosted(l.takeSelfPosted(), l.gen.Load()) {
+			t.Fatal("the posted work was not found, or the runner changed")
+		}
+	}
+	batch()
+	batch()
+	if n := testing.AllocsPerRun(100, batch); n != 0 {
+		t.Fatalf("a batch of posted work allocates %v times", n)
+	}
+	if ran != 5*(2+101) {
+		t.Fatalf("%d posted functions ran, want %d", ran, 5*(2+101))
+	}
+}

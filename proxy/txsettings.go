@@ -25,7 +25,7 @@ func (v *pooledConn) applySettings(out []byte) []byte {
 	for name, want := range v.params {
 		if have, ok := pc.params[name]; !ok || have != want {
 			sets = append(sets, "pg_catalog.set_config("+quoteLiteral(name)+", "+quoteLiteral(want)+", false)")
-			pc.params[name] = want
+			pc.setParam(name, want)
 		}
 	}
 	// pc.params holds every reported name; only when it holds more can a setting of an
@@ -34,7 +34,7 @@ func (v *pooledConn) applySettings(out []byte) []byte {
 		for name := range pc.params {
 			if _, ok := v.params[name]; !ok && !pc.reported[name] {
 				resets = append(resets, "RESET "+quoteIdent(name))
-				delete(pc.params, name)
+				pc.dropParam(name)
 			}
 		}
 	}
@@ -121,7 +121,7 @@ func (v *pooledConn) captured(row []byte) {
 	}
 	v.captureNames = append(v.captureNames, name)
 	v.params[name] = cols[1]
-	v.pc.params[name] = cols[1]
+	v.pc.setParam(name, cols[1])
 	v.keyOK, v.pc.applied = false, false
 }
 
@@ -134,7 +134,7 @@ func (v *pooledConn) endCapture() {
 	for name := range v.params {
 		if !keep[name] && !v.pc.reported[name] {
 			delete(v.params, name)
-			delete(v.pc.params, name)
+			v.pc.dropParam(name)
 			v.keyOK, v.pc.applied = false, false
 		}
 	}

@@ -102,20 +102,26 @@ func (c *conn) passClient(max int, memo *plainMemo) int {
 func (c *conn) passClientRun(max int, memo *plainMemo) (n, count int) {
 	r := &c.cr
 	buf, _ := r.br.Peek(r.br.Buffered())
+	rewriting := c.srv.Rewriter != nil
+	if rewriting {
+		// One hold of the session's lock for the whole run, not one per message.
+		c.sess.mu.Lock()
+		defer c.sess.mu.Unlock()
+	}
 	off, count := 0, 0
 	for count < max {
 		typ, end, ok := wholeAt(buf, off, r.maxBody)
 		if !ok {
 			break // for the handler: not whole yet, or an error to report
 		}
-		if c.srv.Rewriter == nil {
+		if !rewriting {
 			switch typ {
 			case clientTerminate:
 				return off, count
 			case clientQuery, clientSync, clientFunctionCall:
 				c.pending.Add(1)
 			}
-		} else if !c.passesRewriting(typ, buf[off+5:end], memo) {
+		} else if !c.passesRewritingLocked(typ, buf[off+5:end], memo) {
 			break
 		}
 		off = end
@@ -124,13 +130,11 @@ func (c *conn) passClientRun(max int, memo *plainMemo) (n, count int) {
 	return off, count
 }
 
-// passesRewriting does the bookkeeping of a client message of a rewriting session that
-// crosses unchanged, reporting false, having done nothing, when the message needs its
-// handler (see passClient).
-func (c *conn) passesRewriting(typ byte, body []byte, memo *plainMemo) bool {
+// passesRewritingLocked does the bookkeeping of a client message of a rewriting session
+// that crosses unchanged, reporting false, having done nothing, when the message needs
+// its handler (see passClient). The session's lock is held.
+func (c *conn) passesRewritingLocked(typ byte, body []byte, memo *plainMemo) bool {
 	ss := &c.sess
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
 	if ss.skip || ss.copyIn != nil || ss.local != nil || ss.localStmt != nil || len(ss.stmts) > 0 {
 		// A refusal to skip past, a COPY whose rows get keys, a cycle answered locally,
 		// or statements with hidden parameters: the handlers know.
@@ -362,6 +366,11 @@ func (c *conn) passUpstreamRun(max int) (n, count int) {
 	r := &c.server.r
 	buf, _ := r.br.Peek(r.br.Buffered())
 	rewriting := c.srv.Rewriter != nil
+	if rewriting {
+		// One hold of the session's lock for the whole run, not one per message.
+		c.sess.mu.Lock()
+		defer c.sess.mu.Unlock()
+	}
 	off, count := 0, 0
 	for count < max {
 		typ, end, ok := wholeAt(buf, off, r.maxBody)
@@ -379,7 +388,7 @@ func (c *conn) passUpstreamRun(max int) (n, count int) {
 				c.server.txStatus.Store(st)
 			}
 			if rewriting {
-				c.endCycle()
+				c.endCycleLocked()
 			} else {
 				c.pending.Add(-1)
 			}
@@ -387,7 +396,7 @@ func (c *conn) passUpstreamRun(max int) (n, count int) {
 			return off, count
 		case serverParseComplete, serverBindComplete, serverCloseComplete, serverNoData,
 			serverRowDescription, serverCommandComplete, serverEmptyQueryResponse, serverPortalSuspended:
-			if rewriting && !c.terminalPasses(typ) {
+			if rewriting && !c.terminalPassesLocked(typ) {
 				return off, count
 			}
 		}

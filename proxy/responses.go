@@ -75,19 +75,23 @@ func (c *conn) fromUpstreamRewriting(typ byte, n int) (fatal bool, err error) {
 // terminalResponse counts a response that ends one message of the oldest cycle and
 // reports whether it goes to the client: the ParseComplete of a materialized local
 // statement does not, since the client already had the proxy's.
-func (c *conn) terminalResponse(typ byte) bool { return c.countTerminal(typ, true) }
+func (c *conn) terminalResponse(typ byte) bool {
+	c.sess.mu.Lock()
+	defer c.sess.mu.Unlock()
+	return c.countTerminalLocked(typ, true)
+}
 
-// terminalPasses is terminalResponse for a response relayed with others in one write
-// (see passUpstream): it counts the response and reports true, or reports false, having
-// counted nothing, for one that terminalResponse would not relay.
-func (c *conn) terminalPasses(typ byte) bool { return c.countTerminal(typ, false) }
+// terminalPassesLocked is terminalResponse for a response relayed with others in one
+// write (see passUpstream): it counts the response and reports true, or reports false,
+// having counted nothing, for one that terminalResponse would not relay. The session's
+// lock is held.
+func (c *conn) terminalPassesLocked(typ byte) bool { return c.countTerminalLocked(typ, false) }
 
-// countTerminal is terminalResponse, or terminalPasses when take is false: a response
-// the client does not get is then left for terminalResponse.
-func (c *conn) countTerminal(typ byte, take bool) bool {
+// countTerminalLocked is terminalResponse, or terminalPassesLocked when take is false: a
+// response the client does not get is then left for terminalResponse. The session's lock
+// is held.
+func (c *conn) countTerminalLocked(typ byte, take bool) bool {
 	ss := &c.sess
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
 	cy := ss.headLocked()
 	if cy == nil {
 		return true
@@ -153,9 +157,14 @@ func (c *conn) readyForQuery(body []byte) error {
 // endCycle is what a ReadyForQuery does to the session's bookkeeping: the oldest cycle
 // ends and the statement map settles.
 func (c *conn) endCycle() {
+	c.sess.mu.Lock()
+	defer c.sess.mu.Unlock()
+	c.endCycleLocked()
+}
+
+// endCycleLocked is endCycle with the session's lock held.
+func (c *conn) endCycleLocked() {
 	ss := &c.sess
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
 	c.pending.Add(-1)
 	if len(ss.queue) > 0 {
 		cy := ss.popLocked()

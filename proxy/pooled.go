@@ -203,8 +203,11 @@ type physConn struct {
 	// login holds the ParameterStatus values reported at login, by name as the server
 	// spells it; they are what a new client is told at its startup.
 	login []paramValue
-	// loginUser is the session_authorization reported at login (see sessionUserChanged).
-	// userChanged: params holds another session_authorization than loginUser.
+	// loginUser is the session_authorization reported at login. userChanged: params
+	// holds another one, so the session user is no longer the one p logged in as. SET
+	// SESSION AUTHORIZATION is refused, but set_config can change it too, and the server
+	// reports it; such a connection is reset (DISCARD ALL) before it is lent again, lest
+	// the next client run as that user. setParam and dropParam keep it.
 	loginUser struct {
 		value string
 		ok    bool
@@ -268,6 +271,23 @@ func (pc physConnector) Dial(ctx context.Context, key pool.Key) (*physConn, erro
 		}
 	}
 	return p, nil
+}
+
+// setParam notes the value of a setting on p, by lower-case name, and whether it makes
+// the session user another than at login.
+func (p *physConn) setParam(lname, value string) {
+	p.params[lname] = value
+	if lname == "session_authorization" {
+		p.userChanged = p.loginUser.ok && value != p.loginUser.value
+	}
+}
+
+// dropParam forgets the value of a setting on p.
+func (p *physConn) dropParam(lname string) {
+	delete(p.params, lname)
+	if lname == "session_authorization" {
+		p.userChanged = false
+	}
 }
 
 // logIn sends the startup packet of the target and reads the server's startup messages

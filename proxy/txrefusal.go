@@ -72,29 +72,6 @@ func refusedStatement(stmt *pg_query.Node) string {
 	return ""
 }
 
-// sessionUserChanged reports whether the session user of p is no longer the one it
-// logged in as: SET SESSION AUTHORIZATION is refused, but set_config can change it too,
-// and the server reports it. Such a connection is reset (DISCARD ALL) before it is lent
-// again, lest the next client run as that user.
-func (p *physConn) sessionUserChanged() bool { return p.userChanged }
-
-// setParam notes the value of a setting on p, by lower-case name, and whether it makes
-// the session user another than at login.
-func (p *physConn) setParam(lname, value string) {
-	p.params[lname] = value
-	if lname == "session_authorization" {
-		p.userChanged = p.loginUser.ok && value != p.loginUser.value
-	}
-}
-
-// dropParam forgets the value of a setting on p.
-func (p *physConn) dropParam(lname string) {
-	delete(p.params, lname)
-	if lname == "session_authorization" {
-		p.userChanged = false
-	}
-}
-
 // txWords is what one pass over the text of a Query or Parse found of the words
 // transaction mode looks for; each makes the statement worth a closer look.
 type txWords struct {

@@ -396,7 +396,7 @@ func (v *pooledConn) giveBack(st pool.State) {
 	}
 	if st == pool.Clean {
 		v.srv.CountTransaction(v.queries)
-		if v.pc.sessionUserChanged() {
+		if v.pc.userChanged {
 			st = pool.NeedsReset
 		}
 	}

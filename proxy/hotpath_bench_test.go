@@ -79,12 +79,14 @@ func relayExchange(b testing.TB, c *conn, clientMsgs, upstreamMsgs int) {
 
 // passExchange relays clientMsgs messages from the client and upstreamMsgs from the
 // upstream as an event loop does: the messages that cross unchanged go out together
-// (passClient, passUpstream), the others through their handlers.
+// (passClientRun, passUpstreamRun, relayRun), the others through their handlers.
 func passExchange(b testing.TB, c *conn, clientMsgs, upstreamMsgs int) {
 	for left := clientMsgs; left > 0; {
 		// A loop has read the socket (whole) before it passes messages on.
 		_, _ = c.cr.br.Peek(5)
-		if k := c.passClient(left, &benchMemo); k > 0 {
+		n, k := c.passClientRun(left, &benchMemo)
+		relayRun(&c.cr, c.server.w, n)
+		if k > 0 {
 			left -= k
 			continue
 		}
@@ -95,7 +97,11 @@ func passExchange(b testing.TB, c *conn, clientMsgs, upstreamMsgs int) {
 	}
 	for left := upstreamMsgs; left > 0; {
 		_, _ = c.server.r.br.Peek(5)
-		if k := c.passUpstream(left); k > 0 {
+		n, k := c.passUpstreamRun(left)
+		c.cwMu.Lock()
+		relayRun(&c.server.r, c.cw, n)
+		c.cwMu.Unlock()
+		if k > 0 {
 			left -= k
 			continue
 		}

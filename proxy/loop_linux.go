@@ -214,7 +214,7 @@ type eventLoop struct {
 	quiet     []*loopSession
 	lastSweep time.Time
 	// plain is the last text of a Query or Parse that the prefilter cleared, for the
-	// loop's sessions (see passClient).
+	// loop's sessions (see passClientRun).
 	plain plainMemo
 }
 

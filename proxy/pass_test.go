@@ -66,8 +66,8 @@ func relayThrough(t *testing.T, exchange exchangeFunc, client, upstream []byte, 
 
 // TestPassedMessagesAsHandled relays exchanges through a session twice, once
 // through the handler of each message (as goroutines do) and once as an event loop does,
-// where the runs of messages that cross unchanged go out together (passClient,
-// passUpstream): both must send the same bytes each way and leave the same bookkeeping.
+// where the runs of messages that cross unchanged go out together (passClientRun,
+// passUpstreamRun): both must send the same bytes each way and leave the same bookkeeping.
 // The exchanges mix messages that may pass with ones that need their handler in the
 // middle of a run: a Query to rewrite, a leaf_next answered by the proxy, the server's
 // ParameterStatus, notice and error. The exchanges the proxy takes no part in run through

@@ -83,22 +83,15 @@ func (c *conn) fromClient(typ byte, n int) error {
 	return c.cr.copyBody(c.server.w, n)
 }
 
-// passClient relays, as one write, the client messages buffered whole that cross
-// unchanged, at most max of them: in a rewriting session, a Query or Parse whose text
-// the prefilter or the rewriter's cache finds needs nothing, and the Bind, Describe,
-// Execute, Sync and Flush of statements without hidden parameters, whose bookkeeping is
-// done here as fromClient would do it. It stops at the first message that needs its
-// handler and at one not buffered whole, and reports how many messages it relayed. An
-// event loop calls it, so that a request costs one pass over its bytes and one write
-// rather than a handler call and a copy per message (see passClientRun).
-func (c *conn) passClient(max int, memo *plainMemo) int {
-	n, count := c.passClientRun(max, memo)
-	relayRun(&c.cr, c.server.w, n)
-	return count
-}
-
-// passClientRun does the bookkeeping of passClient and reports how many bytes and
-// messages it cleared to go upstream; the caller relays them.
+// passClientRun finds the client messages buffered whole that cross unchanged, at most
+// max of them, does their bookkeeping as fromClient would, and reports how many bytes and
+// messages they make; the caller relays them upstream as one write (relayRun). In a
+// rewriting session they are a Query or Parse whose text the prefilter or the
+// rewriter's cache finds needs nothing, and the Bind, Describe, Execute, Sync and Flush
+// of statements without hidden parameters. It stops at the first message that needs its
+// handler and at one not buffered whole. An event loop calls it, so that a request costs
+// one pass over its bytes and one write rather than a handler call and a copy per
+// message.
 func (c *conn) passClientRun(max int, memo *plainMemo) (n, count int) {
 	r := &c.cr
 	buf, _ := r.br.Peek(r.br.Buffered())
@@ -132,7 +125,7 @@ func (c *conn) passClientRun(max int, memo *plainMemo) (n, count int) {
 
 // passesRewritingLocked does the bookkeeping of a client message of a rewriting session
 // that crosses unchanged, reporting false, having done nothing, when the message needs
-// its handler (see passClient). The session's lock is held.
+// its handler (see passClientRun). The session's lock is held.
 func (c *conn) passesRewritingLocked(typ byte, body []byte, memo *plainMemo) bool {
 	ss := &c.sess
 	if ss.skip || ss.copyIn != nil || ss.local != nil || ss.localStmt != nil || len(ss.stmts) > 0 {
@@ -344,24 +337,12 @@ func (c *conn) fromUpstream(typ byte, n int) (fatal bool, err error) {
 	return false, c.server.r.copyBody(c.cw, n)
 }
 
-// passUpstream relays, as one write, the upstream messages buffered whole that cross
-// unchanged, at most max of them: the rows, completions and ReadyForQuery of a statement
-// that needed no rewrite, whose bookkeeping is done here as fromUpstream would do it. It
-// stops at the first message whose handler must decode or change it (an ErrorResponse, a
-// ParameterStatus, a ParseComplete not to relay, say), and at one not buffered whole,
-// and reports how many messages it relayed. An event loop passes them (passUpstreamRun),
-// so that a response costs one pass over its bytes and one write rather than a handler
-// call per message.
-func (c *conn) passUpstream(max int) int {
-	n, count := c.passUpstreamRun(max)
-	c.cwMu.Lock()
-	relayRun(&c.server.r, c.cw, n)
-	c.cwMu.Unlock()
-	return count
-}
-
-// passUpstreamRun does the bookkeeping of passUpstream and reports how many bytes and
-// messages it cleared to go to the client; the caller relays them.
+// passUpstreamRun finds the upstream messages buffered whole that cross unchanged, at
+// most max of them: the rows, completions and ReadyForQuery of a statement that needed no
+// rewrite. It does their bookkeeping as fromUpstream would and reports how many bytes and
+// messages they make; the caller relays them to the client as one write (relayRun). It
+// stops at the first message whose handler must decode or change it (an ErrorResponse,
+// a ParameterStatus, a ParseComplete not to relay, say) and at one not buffered whole.
 func (c *conn) passUpstreamRun(max int) (n, count int) {
 	r := &c.server.r
 	buf, _ := r.br.Peek(r.br.Buffered())

@@ -82,7 +82,7 @@ func (c *conn) terminalResponse(typ byte) bool {
 }
 
 // terminalPassesLocked is terminalResponse for a response relayed with others in one
-// write (see passUpstream): it counts the response and reports true, or reports false,
+// write (see passUpstreamRun): it counts the response and reports true, or reports false,
 // having counted nothing, for one that terminalResponse would not relay. The session's
 // lock is held.
 func (c *conn) terminalPassesLocked(typ byte) bool { return c.countTerminalLocked(typ, false) }

@@ -406,12 +406,18 @@ func (ls *loopSession) process() {
 				continue
 			}
 			moved = true
-			if n >= 0 && ls.tx == nil {
+			if n >= 0 {
 				// The messages that cross unchanged go out together.
 				var run, k int
 				if side == &ls.client {
 					run, k = c.passClientRun(budget, &ls.loop.plain)
-					ls.relayRun(&c.cr, c.server.w, &ls.upstream, run)
+					if ls.tx == nil {
+						ls.relayRun(&c.cr, c.server.w, &ls.upstream, run)
+					} else if err := ls.relayToPool(run); err != nil {
+						c.tellClient(sqlstate.ConnectionFailure, "server closed the connection unexpectedly")
+						ls.finish()
+						return
+					}
 				} else {
 					run, k = c.passUpstreamRun(budget)
 					c.cwMu.Lock()
@@ -542,6 +548,28 @@ func (ls *loopSession) relayRun(r *msgReader, w *bufio.Writer, to *loopEnd, n in
 	ls.out, _ = r.br.Peek(n)
 	ls.outTo = to
 	_, _ = r.br.Discard(n)
+}
+
+// relayToPool hands the first n bytes the client's reader holds, a run of messages
+// cleared to pass, to the session's pooledConn in transaction mode, which looks at each
+// on its way to whichever connection the session borrows. When the run is all the reader
+// holds and nothing waits in the writer, the pooledConn takes it from the reader's buffer
+// itself; otherwise it joins the writer, flushed when the reader holds nothing more. It
+// returns the error the handlers would have met writing them.
+func (ls *loopSession) relayToPool(n int) error {
+	if n == 0 {
+		return nil
+	}
+	r, w := &ls.c.cr, ls.c.server.w
+	p, _ := r.br.Peek(n)
+	var err error
+	if w.Buffered() == 0 && r.br.Buffered() == n {
+		_, err = ls.tx.Write(p)
+	} else if _, err = w.Write(p); err == nil && r.br.Buffered() == n {
+		err = w.Flush()
+	}
+	_, _ = r.br.Discard(n)
+	return err
 }
 
 // writeOut writes the run of messages process has left to go out last, if any, to its

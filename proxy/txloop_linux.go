@@ -19,7 +19,10 @@ import (
 // the session's upstream side (loopEnd.pio), and lets go of it before the connection
 // goes back to the pool (dropServer), where a session of another loop may take it. A
 // connection given back clean keeps its place in the loop's epoll set for the loop's
-// next borrower (see physIO.park).
+// next borrower (see physIO.park). Runs of messages that need no handler of the session
+// cross as in session mode: a client's run goes to the pooledConn in one Write
+// (relayToPool), which still looks at each message, and the answers the pooledConn put
+// in the session's reader go to the client in one write from there (relayRun).
 //
 // Nothing blocks on the loop: a borrow that must wait leaves the client's messages in the
 // pooledConn, and the loop stops reading the client until the pool's answer arrives

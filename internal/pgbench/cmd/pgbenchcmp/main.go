@@ -108,7 +108,7 @@ func run() error {
 	poolSize := flag.Int("pool-size", 20, "server connections of the tx-pool group's pools")
 	txDuration := flag.Duration("tx-T", 0, "duration of each tx-pool run (default: -T, at least 10s, as pgbench opens its connections within the run and 200 new backends take seconds on a loaded machine)")
 	pprofDir := flag.String("pprof-dir", "", "write a CPU profile of leafproxy over each of its tx-pool, tx-logins and transaction-mode connect runs to this directory (the profiling adds a little to its CPU figures)")
-	userCPU := flag.Bool("user-cpu", false, "the select-only groups' CPU columns count the hops' user time only (utime), steadier than the total for changes to a hop's own code; the bare relay's stays its total")
+	userCPU := flag.Bool("user-cpu", false, "the CPU columns of the select-only and tx-pool groups count the hops' user time only (utime), steadier than the total for changes to a hop's own code; the bare relay's stays its total")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of this process (the bare relay) to this file")
 	flag.Parse()
 	if *cpuProfile != "" {
@@ -248,7 +248,7 @@ func run() error {
 		Log:      func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) },
 	}, groups)
 	if *userCPU {
-		fmt.Println("CPU columns of the select-only groups: user time only.")
+		fmt.Println("CPU columns of the select-only and tx-pool groups: user time only.")
 	}
 	fmt.Print(pgbench.Table(groups, results))
 	return err
@@ -263,7 +263,7 @@ type hops struct {
 	otherBin   string // add leafproxy from this binary too (empty: none)
 	bare       bool   // add the bare relay
 	direct     bool   // add the server itself
-	userCPU    bool   // select-only CPU meters count user time only
+	userCPU    bool   // the select-only and tx-pool CPU meters count user time only
 }
 
 // meter is the CPU meter of a select-only group's leafproxy: its total CPU time, or its

@@ -100,7 +100,7 @@ func txPoolGroup(ctx context.Context, h hops, o txPoolOptions) (pgbench.Group, f
 			return err
 		}
 		stops = append(stops, func() { _ = lp.Close() })
-		e := pgbench.Endpoint{Name: name, URL: lp.URL(roleURL), CPU: lp.CPU}
+		e := pgbench.Endpoint{Name: name, URL: lp.URL(roleURL), CPU: h.meter(lp)}
 		if o.pprofDir != "" {
 			e.During = func(ctx context.Context, run string, d time.Duration) error {
 				return lp.CPUProfile(ctx, d, filepath.Join(o.pprofDir, prefix+run+".pprof"))
@@ -129,7 +129,11 @@ func txPoolGroup(ctx context.Context, h hops, o txPoolOptions) (pgbench.Group, f
 			return g, stop, err
 		}
 		stops = append(stops, func() { _ = b.Close() })
-		add(pgbench.Endpoint{Name: "pgbouncer tx", URL: b.URL(roleURL), CPU: b.CPU,
+		cpu := b.CPU
+		if h.userCPU {
+			cpu = b.UserCPU
+		}
+		add(pgbench.Endpoint{Name: "pgbouncer tx", URL: b.URL(roleURL), CPU: cpu,
 			Unsupported: map[string]string{"prepared": bouncerNoPrepared}})
 	}
 	return g, stop, nil

@@ -99,16 +99,8 @@ func scanTxWords[T string | []byte](sql T) (w txWords) {
 			if hasWordAt(sql, i, "pg_advisory_lock") || hasWordAt(sql, i, "pg_try_advisory_lock") {
 				w.lock = true
 			}
-		case 'p'<<8 | 'r':
-			w.refusable = w.refusable || hasWordAt(sql, i, "prepare")
-		case 'l'<<8 | 'i':
-			w.refusable = w.refusable || hasWordAt(sql, i, "listen")
-		case 'h'<<8 | 'o':
-			w.refusable = w.refusable || hasWordAt(sql, i, "hold")
-		case 't'<<8 | 'e':
-			w.refusable = w.refusable || hasWordAt(sql, i, "temp")
-		case 'a'<<8 | 'u':
-			w.refusable = w.refusable || hasWordAt(sql, i, "authorization")
+		case 'p'<<8 | 'r', 'l'<<8 | 'i', 'h'<<8 | 'o', 't'<<8 | 'e', 'a'<<8 | 'u':
+			w.refusable = w.refusable || hasWordAt(sql, i, refusableWord[c])
 		case 'd'<<8 | 'e':
 			w.dealloc = w.dealloc || hasWordAt(sql, i, "deallocate")
 		case 's'<<8 | 'e':
@@ -126,6 +118,10 @@ func scanTxWords[T string | []byte](sql T) (w txWords) {
 // scanTxWords it can be the first, and the second, letter of: one bit per word's first
 // two letters (pg, pr, li, ho, te, au, de, se), set in both tables.
 var txWordFirst, txWordSecond = txWordTables("pg", "pr", "li", "ho", "te", "au", "de", "se")
+
+// refusableWord is the word of txWords.refusable that starts with a letter, in lower
+// case; each starts with another.
+var refusableWord = [256]string{'p': "prepare", 'l': "listen", 'h': "hold", 't': "temp", 'a': "authorization"}
 
 func txWordTables(starts ...string) (first, second [256]uint8) {
 	for i, s := range starts {

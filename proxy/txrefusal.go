@@ -82,19 +82,16 @@ type txWords struct {
 	set       bool // SET or RESET, maybe SESSION or LOCAL, of a name with a dot (txcustom.go)
 }
 
-// scanTxWords looks through sql once, in any case, for the words of txWords. A pair of
-// bytes is looked at further only when it can be the first two letters of one of them
-// (txWordFirst, txWordSecond), as it rarely is in ordinary statements: most bytes cost
-// two table lookups and a branch that goes the same way.
+// scanTxWords looks through sql once, in any case, for the words of txWords. Most bytes
+// start none of them; a letter that starts one is looked at further only when the next
+// letter is that word's second, as it rarely is in ordinary statements.
 func scanTxWords[T string | []byte](sql T) (w txWords) {
 	for i := 0; i+1 < len(sql); i++ {
-		// In lower case: the OR maps upper-case letters to lower case and no other byte
-		// to a letter.
-		c, d := sql[i]|('a'-'A'), sql[i+1]|('a'-'A')
-		if txWordFirst[c]&txWordSecond[d] == 0 {
+		c := sql[i] | ('a' - 'A') // a letter in lower case; no other byte becomes one
+		if !txWordStart[c] {
 			continue
 		}
-		switch uint16(c)<<8 | uint16(d) {
+		switch uint16(c)<<8 | uint16(sql[i+1]|('a'-'A')) {
 		case 'p'<<8 | 'g':
 			if hasWordAt(sql, i, "pg_advisory_lock") || hasWordAt(sql, i, "pg_try_advisory_lock") {
 				w.lock = true
@@ -114,22 +111,12 @@ func scanTxWords[T string | []byte](sql T) (w txWords) {
 	return w
 }
 
-// txWordFirst and txWordSecond tell, for each byte in lower case, which of the words of
-// scanTxWords it can be the first, and the second, letter of: one bit per word's first
-// two letters (pg, pr, li, ho, te, au, de, se), set in both tables.
-var txWordFirst, txWordSecond = txWordTables("pg", "pr", "li", "ho", "te", "au", "de", "se")
+// txWordStart tells the first letters of the words of scanTxWords, in lower case.
+var txWordStart = [256]bool{'p': true, 'l': true, 'h': true, 't': true, 'a': true, 'd': true, 's': true}
 
 // refusableWord is the word of txWords.refusable that starts with a letter, in lower
 // case; each starts with another.
 var refusableWord = [256]string{'p': "prepare", 'l': "listen", 'h': "hold", 't': "temp", 'a': "authorization"}
-
-func txWordTables(starts ...string) (first, second [256]uint8) {
-	for i, s := range starts {
-		first[s[0]] |= 1 << i
-		second[s[1]] |= 1 << i
-	}
-	return first, second
-}
 
 func refusedMessage(what string) []byte {
 	return errorMessage(sqlstate.FeatureNotSupported, what+" cannot be used in transaction pool mode", refusalHint)

@@ -36,19 +36,24 @@ var errLoopOwned = errors.New("connection is served by an event loop")
 
 // loopSession is a session an event loop serves.
 type loopSession struct {
+	// What every turn of the session looks at first comes first, in one cache line with
+	// the start of its client side.
 	c    *conn
 	loop *eventLoop
+	// tx is the session's pooledConn in transaction mode (see txloop_linux.go), nil in
+	// session mode; bare: it has given its buffers back while quiet.
+	tx   *pooledConn
+	bare bool
+	// inQuiet: in the loop's quiet list; stillQuiet: no message since the list's last look.
+	inQuiet, stillQuiet bool
 
-	client, upstream loopEnd
-
-	dead      bool      // torn down or handed over; events for it are ignored
-	detached  bool      // a handler left the loop to wait for an ID (see detach)
-	endOnBack bool      // a teardown came while detached
-	queued    bool      // in loop.again
-	finishing bool      // ending: waiting for output to drain (or for the client to close)
-	draining  bool      // the client is drained once the output has gone out (see drain)
-	deadline  time.Time // when finishing gives up waiting
-	streaming int       // body bytes of an upstream message still to stream to the client
+	dead      bool // torn down or handed over; events for it are ignored
+	detached  bool // a handler left the loop to wait for an ID (see detach)
+	endOnBack bool // a teardown came while detached
+	queued    bool // in loop.again
+	finishing bool // ending: waiting for output to drain (or for the client to close)
+	draining  bool // the client is drained once the output has gone out (see drain)
+	streaming int  // body bytes of an upstream message still to stream to the client
 
 	// out is a run of messages cleared to pass, still in the read buffer it came in,
 	// that goes to the plain socket of outTo as the last step of process (see relayRun
@@ -58,12 +63,9 @@ type loopSession struct {
 	out   []byte
 	outTo *loopEnd
 
-	// tx is the session's pooledConn in transaction mode (see txloop_linux.go), nil in
-	// session mode; bare: it has given its buffers back while quiet.
-	tx   *pooledConn
-	bare bool
-	// inQuiet: in the loop's quiet list; stillQuiet: no message since the list's last look.
-	inQuiet, stillQuiet bool
+	client, upstream loopEnd
+
+	deadline time.Time // when finishing gives up waiting
 }
 
 // loopEnd is one of a loop session's two sockets.

@@ -49,7 +49,9 @@ type pooling struct {
 	mu     sync.Mutex
 	pool   *pool.Pool[*physConn]
 	closed bool
-	lot    *parkLot // the parked sessions (park.go); nil before the first
+	// made is pool once made, for the borrows, which read it without mu.
+	made atomic.Pointer[pool.Pool[*physConn]]
+	lot  *parkLot // the parked sessions (park.go); nil before the first
 	// bare counts the sessions on event loops that gave their buffers back while quiet
 	// (txloop_linux.go): parked too, without a lot.
 	bare atomic.Int64
@@ -109,6 +111,9 @@ func (s *Server) poolKey(addr, database, user string, front *pgauth.Login) pool.
 
 // serverPool returns the pool of server connections, creating it on first use.
 func (s *Server) serverPool() (*pool.Pool[*physConn], error) {
+	if p := s.pooling.made.Load(); p != nil {
+		return p, nil
+	}
 	s.pooling.mu.Lock()
 	defer s.pooling.mu.Unlock()
 	if s.pooling.pool != nil {
@@ -122,6 +127,7 @@ func (s *Server) serverPool() (*pool.Pool[*physConn], error) {
 		return nil, err
 	}
 	s.pooling.pool = p
+	s.pooling.made.Store(p)
 	return p, nil
 }
 
@@ -145,11 +151,7 @@ func (s *Server) poolSettings(settings pool.Settings) pool.Settings {
 
 // existingPool returns the pool of server connections, nil before the first pooled
 // session.
-func (s *Server) existingPool() *pool.Pool[*physConn] {
-	s.pooling.mu.Lock()
-	defer s.pooling.mu.Unlock()
-	return s.pooling.pool
-}
+func (s *Server) existingPool() *pool.Pool[*physConn] { return s.pooling.made.Load() }
 
 // PoolStats returns the figures of every pool of server connections (transaction mode);
 // nil before the first pooled session.

@@ -126,25 +126,21 @@ type expect struct {
 // goroutine that relays the server's messages; both may block, neither holds mu then. On
 // an event loop neither blocks, and Read holds mu while it reads the borrowed connection.
 type pooledConn struct {
+	// The fields a transaction touches come first, those of the borrow, the protocol
+	// state and the two directions, so that they share as few cache lines as they can;
+	// the session's state that a transaction seldom touches follows them.
 	c   *conn
 	key pool.Key
 
 	mu       sync.Mutex
-	cond     sync.Cond
 	srv      *pool.Server[*physConn] // the borrowed connection; nil when none
 	pc       *physConn
 	readerOn bool // Read may read from pc
 	reading  bool // Read is reading from pc right now
-	writers  int  // Writes in progress
 	release  bool // give pc back once writers is 0
 	closed   bool
+	writers  int // Writes in progress
 	queries  int // cycles of the borrower, for the pool's figures
-	// waitCtx is the context of the waits for a server connection, kept from one wait to
-	// the next until a cancel request ends it (stopWait) or the session parks; inWait:
-	// a wait is in progress.
-	waitCtx  context.Context
-	stopWait context.CancelCauseFunc
-	inWait   bool
 
 	// host is the event loop serving the session (txloop_linux.go), nil while goroutines
 	// do. On a loop nothing blocks: a borrow that must wait returns errAwaitServer, the
@@ -152,14 +148,12 @@ type pooledConn struct {
 	// the loop (granted) as grant and grantErr.
 	host     txHost
 	wait     *pool.Wait[*physConn]
-	waitIn   pool.Wait[*physConn] // where the session waits: one wait at a time
 	awaiting bool
 	granted  bool
 	grant    *pool.Server[*physConn]
 	grantErr error
 	// The mailbox of the pool's answer to a wait (see poolAnswer), and poolAnswer and
 	// takeAnswer as func values, made once.
-	mailMu       sync.Mutex
 	mailWait     *pool.Wait[*physConn]
 	mailSrv      *pool.Server[*physConn]
 	mailErr      error
@@ -174,30 +168,11 @@ type pooledConn struct {
 	unsynced    bool // extended-protocol messages sent since the last Sync
 	txStatus    byte
 	needCapture bool // a SET ran: read the settings back when idle
-	// captureNames collects the settings captureSQL returned so far.
-	captureNames []string
-
-	// Client state, kept across borrowed connections.
-	stmts   map[string]*clientStmt
-	unnamed *clientStmt
-	params  map[string]string // lower-case name → the client's value
-	// custom holds the custom settings the client SET (see txcustom.go), customSQL the
-	// capture query that reads them back ("" until built).
-	custom    map[string]bool
-	customSQL string
-	// plainText is the last text of a Query or Parse in which scanTxWords found nothing
-	// (see checkText).
-	plainText []byte
-	// localDealloc is the DEALLOCATE of an extended-protocol cycle the proxy answers.
-	localDealloc *deallocation
-	// deallocPortals holds the portals bound to a DEALLOCATE's statement while the
-	// session holds a connection; trackExecutes: the session parsed a DEALLOCATE, so each
-	// Execute's answer is awaited (see txstmts.go).
-	deallocPortals map[string]*deallocation
-	trackExecutes  bool
-	// paramsKey stands for params, interned (see settingsKey); keyOK: it is up to date.
-	paramsKey unique.Handle[string]
-	keyOK     bool
+	// trackExecutes: the session parsed a DEALLOCATE, so each Execute's answer is awaited
+	// (see txstmts.go).
+	trackExecutes bool
+	// keyOK: paramsKey is up to date (see settingsKey).
+	keyOK bool
 
 	// Write side: a partial message, and the error that fails the cycle being discarded;
 	// obuf is the output buffer of Write, used by the writer only.
@@ -207,9 +182,8 @@ type pooledConn struct {
 	// runs: handle sends messages that go as they are from its input (see passOn), and
 	// passed says that clientMessage left the message there.
 	runs, passed bool
-	// heldVerdict is the verdict on the message at the head of wbuf, which waits for a
-	// connection (verdictHeld), so that its text is not looked at again.
-	heldVerdict queryVerdict
+	// verdictHeld: heldVerdict is the verdict on the message at the head of wbuf, which
+	// waits for a connection, so that its text is not looked at again.
 	verdictHeld bool
 
 	// Read side: bytes ready for the caller, answers of the proxy's own, and the rest of
@@ -224,6 +198,40 @@ type pooledConn struct {
 	// direct is the caller's buffer of the Read in progress, which serverMessage fills
 	// as far as it can (see emit); nil between Reads.
 	direct []byte
+
+	// Client state, kept across borrowed connections.
+	stmts   map[string]*clientStmt
+	unnamed *clientStmt
+	// plainText is the last text of a Query or Parse in which scanTxWords found nothing
+	// (see checkText).
+	plainText []byte
+	// paramsKey stands for params, interned (see settingsKey).
+	paramsKey unique.Handle[string]
+	params    map[string]string // lower-case name → the client's value
+
+	// Touched by the pool at each wait, and by the session when one is answered.
+	waitIn      pool.Wait[*physConn] // where the session waits: one wait at a time
+	heldVerdict queryVerdict
+
+	// Seldom touched by a transaction.
+	cond sync.Cond
+	// waitCtx is the context of the waits for a server connection, kept from one wait to
+	// the next until a cancel request ends it (stopWait) or the session parks; inWait:
+	// a wait is in progress.
+	waitCtx  context.Context
+	stopWait context.CancelCauseFunc
+	inWait   bool
+	// captureNames collects the settings captureSQL returned so far.
+	captureNames []string
+	// custom holds the custom settings the client SET (see txcustom.go), customSQL the
+	// capture query that reads them back ("" until built).
+	custom    map[string]bool
+	customSQL string
+	// localDealloc is the DEALLOCATE of an extended-protocol cycle the proxy answers.
+	localDealloc *deallocation
+	// deallocPortals holds the portals bound to a DEALLOCATE's statement while the
+	// session holds a connection (see txstmts.go).
+	deallocPortals map[string]*deallocation
 
 	park parkState
 }
@@ -315,21 +323,26 @@ func (v *pooledConn) borrow() (*pool.Server[*physConn], error) {
 // poolAnswer is AcquireFunc's done: the pool's answer to the session's wait goes in the
 // mailbox, and the loop is asked to take it. The pool's lock is held. A session has one
 // wait at a time, so one place suffices, and nothing allocates per wait.
+//
+// The mailbox needs no lock of its own. It is written here, before the loop's lock in
+// post, and read by takeAnswer on the loop, which takes the posted work under that lock;
+// and it is written again only for the session's next wait, which the loop's goroutine
+// begins after takeAnswer emptied it (until then v.wait is set, and borrow does not wait
+// again).
 func (v *pooledConn) poolAnswer(w *pool.Wait[*physConn], srv *pool.Server[*physConn], err error) {
-	v.mailMu.Lock()
 	v.mailWait, v.mailSrv, v.mailErr = w, srv, err
-	v.mailMu.Unlock()
-	if !v.host.post(v.takeAnswerFn) && srv != nil {
-		go srv.Release(pool.Clean)
+	if !v.host.post(v.takeAnswerFn) {
+		v.mailWait, v.mailSrv, v.mailErr = nil, nil, nil
+		if srv != nil {
+			go srv.Release(pool.Clean)
+		}
 	}
 }
 
 // takeAnswer takes the pool's answer from the mailbox, on the session's loop.
 func (v *pooledConn) takeAnswer() {
-	v.mailMu.Lock()
 	w, srv, err := v.mailWait, v.mailSrv, v.mailErr
 	v.mailWait, v.mailSrv, v.mailErr = nil, nil, nil
-	v.mailMu.Unlock()
 	if w == nil {
 		return
 	}

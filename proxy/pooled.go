@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -449,14 +450,8 @@ func splitParameterStatus(body []byte) (name, value string, ok bool) {
 	return string(body[:i]), string(body[i+1 : i+1+j]), true
 }
 
-func indexZero(b []byte) int {
-	for i, c := range b {
-		if c == 0 {
-			return i
-		}
-	}
-	return -1
-}
+// indexZero returns the index of the first zero byte of b, -1 if none.
+func indexZero(b []byte) int { return bytes.IndexByte(b, 0) }
 
 // appendQuery appends a Query message of sql.
 func appendQuery(b []byte, sql string) []byte {

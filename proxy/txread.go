@@ -176,15 +176,17 @@ func (v *pooledConn) readServer(pc *physConn, p []byte, held bool) (int, error) 
 	// The messages already buffered whole go in the same turn, under one lock, until the
 	// connection is given back. Each is handled where pc's buffer holds it, taken off pc
 	// first: serverMessage copies what it keeps of it before it may give pc back, after
-	// which another session may read into that buffer.
-	for v.pc == pc && !v.closed && pc.br.Buffered() >= 5 {
-		h, _ := pc.br.Peek(5)
-		n := int(binary.BigEndian.Uint32(h[1:])) - 4
-		if n < 0 || pc.br.Buffered() < 5+n {
+	// which another session may read into that buffer. What is buffered is looked at
+	// through one Peek: taking messages off does not move the bytes behind them.
+	buffered, _ := pc.br.Peek(pc.br.Buffered())
+	for off := 0; v.pc == pc && !v.closed && len(buffered)-off >= 5; {
+		n := int(binary.BigEndian.Uint32(buffered[off+1:])) + 1
+		if n < 5 || len(buffered)-off < n {
 			break
 		}
-		msg, _ := pc.br.Peek(5 + n)
-		_, _ = pc.br.Discard(5 + n)
+		msg := buffered[off : off+n]
+		_, _ = pc.br.Discard(n)
+		off += n
 		v.serverMessage(msg)
 	}
 	put := len(v.direct)
@@ -276,10 +278,10 @@ func (v *pooledConn) serverMessage(msg []byte) {
 			v.skipToSync()
 		}
 	case serverCommandComplete:
-		switch tag := zstring(body); {
-		case tag == "SET" || tag == "RESET":
+		switch tag := zbytes(body); {
+		case string(tag) == "SET" || string(tag) == "RESET":
 			v.needCapture = true
-		case tag == "DISCARD ALL" || tag == "DEALLOCATE ALL":
+		case string(tag) == "DISCARD ALL" || string(tag) == "DEALLOCATE ALL":
 			v.serverDroppedAll()
 			v.needCapture = true
 		}

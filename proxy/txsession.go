@@ -560,8 +560,12 @@ func zbytes(b []byte) []byte {
 	return b
 }
 
-// zstring returns the text up to the first zero byte of b.
+// zstring returns the text up to the first zero byte of b. The names of unnamed
+// statements and portals, the most common, are empty: they cost no search.
 func zstring(b []byte) string {
+	if len(b) > 0 && b[0] == 0 {
+		return ""
+	}
 	if i := indexZero(b); i >= 0 {
 		return string(b[:i])
 	}

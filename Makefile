@@ -5,7 +5,7 @@ PKGS      := ./...
 TESTENV   := $(GO) run ./internal/testenv/cmd/testenv
 TESTFLAGS ?= -race -count=1 -timeout 20m
 
-.PHONY: all build test fuzz soak test-short run run-stop run-reset docker bench lint vet fmt deps clean
+.PHONY: all build test fuzz soak test-short run run-stop run-reset docker bench bench-instructions lint vet fmt deps clean
 
 all: build
 
@@ -61,6 +61,11 @@ bench:
 	scripts/install-deps.sh --bench
 	$(TESTENV) -no-zk -- $(GO) test -run '^$$' -bench . -benchmem $(BENCHPKGS)
 	$(TESTENV) -no-zk -- $(GO) run ./internal/pgbench/cmd/pgbenchcmp $(BENCHFLAGS)
+
+## bench-instructions: user-space instructions per transaction under callgrind, leafproxy in transaction mode against PgBouncer (OTHER_BINS: more leafproxy binaries to compare)
+bench-instructions:
+	scripts/install-deps.sh --bench
+	$(TESTENV) -no-zk -- scripts/instructions.sh $(OTHER_BINS)
 
 lint: vet
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi

@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# Counts the instructions a hop runs in user space per transaction, under valgrind's
+# callgrind: leafproxy in transaction mode (this module's build, and any other binaries
+# given) and PgBouncer in transaction mode, each with a pool of POOL server connections,
+# under `pgbench -S` with CLIENTS clients for SECONDS seconds. Instructions are counted
+# from pgbench's first connection to its last transaction, and divided by the
+# transactions pgbench reports; the hop's background work (health checks, timers) and
+# the clients' logins are in the figure.
+#
+# On a shared machine a count of instructions moves by a few percent from one run to the
+# next, where CPU time moves by tens: it is the figure to compare two builds of the same
+# code. It leaves out what the kernel does for the hop and the time cache misses cost.
+#
+# Run it under the test environment, which starts PostgreSQL (`make bench-instructions`
+# does):
+#   go run ./internal/testenv/cmd/testenv -no-zk -- scripts/instructions.sh [OTHER_BINARY ...]
+# Settings, from the environment: CLIENTS (50), POOL (20), DURATION (20, seconds), MODES
+# (simple extended prepared), PGBOUNCER (1; 0 leaves it out).
+set -euo pipefail
+
+CLIENTS=${CLIENTS:-50}
+POOL=${POOL:-20}
+SECONDS_RUN=${DURATION:-20}
+MODES=${MODES:-simple extended prepared}
+PGBOUNCER=${PGBOUNCER:-1}
+: "${LEAF_TEST_PG:?run under the test environment: go run ./internal/testenv/cmd/testenv -no-zk -- $0}"
+for tool in valgrind callgrind_control pgbench psql; do
+  command -v "$tool" >/dev/null || { echo "instructions: $tool is missing (scripts/install-deps.sh --bench)" >&2; exit 1; }
+done
+[ "$PGBOUNCER" = 0 ] || command -v pgbouncer >/dev/null ||
+  { echo "instructions: pgbouncer is missing (scripts/install-deps.sh --bench)" >&2; exit 1; }
+
+work=$(mktemp -d)
+chmod 755 "$work"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# The server, from the test environment's URL: postgres://user@host:port/db?...
+hostport=$(sed -E 's#^[a-z]+://([^@/]*@)?([^/?]+).*#\2#' <<<"$LEAF_TEST_PG")
+host=${hostport%:*}
+port=${hostport##*:}
+user=$(sed -E 's#^[a-z]+://([^:@/]+).*#\1#' <<<"$LEAF_TEST_PG")
+db=leafproxy_instructions
+psql "$LEAF_TEST_PG" -qc "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db" >/dev/null
+dbURL=$(sed -E "s#/[^/?]*(\?|$)#/$db\1#" <<<"$LEAF_TEST_PG")
+pgbench -i -q -s 10 "$dbURL" >/dev/null 2>&1
+
+go build -o "$work/leafproxy" ./cmd/leafproxy
+bins=("$work/leafproxy" "$@")
+
+freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+# waitport PORT: wait until something accepts connections on PORT (valgrind starts slowly).
+waitport() {
+  for _ in $(seq 600); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    sleep 0.2
+  done
+  echo "instructions: nothing listens on port $1" >&2
+  return 1
+}
+
+# dumps OUT: how many dumps callgrind has written to OUT.N.
+dumps() {
+  local n=0 f
+  for f in "$1".*; do [ -e "$f" ] && n=$((n + 1)); done
+  echo "$n"
+}
+
+# measure NAME PORT PID AS_USER OUT: one pgbench run per mode against PORT, with
+# instrumentation on for exactly that run; prints a line per mode.
+measure() {
+  local name=$1 p=$2 pid=$3 as=$4 out=$5 mode tx before after
+  local ctl=(callgrind_control)
+  [ -z "$as" ] || ctl=(runuser -u "$as" -- callgrind_control)
+  for mode in $MODES; do
+    "${ctl[@]}" -i on "$pid" >/dev/null 2>&1
+    pgbench -n -S -c "$CLIENTS" -j 2 -T "$SECONDS_RUN" -M "$mode" \
+      "postgres://$user@127.0.0.1:$p/$db?sslmode=disable" >"$work/pgbench.out" 2>&1 ||
+      { cat "$work/pgbench.out" >&2; return 1; }
+    "${ctl[@]}" -i off "$pid" >/dev/null 2>&1
+    before=$(dumps "$out")
+    "${ctl[@]}" -d "$pid" >/dev/null 2>&1
+    for _ in $(seq 100); do
+      after=$(dumps "$out")
+      [ "$after" -gt "$before" ] && break
+      sleep 0.1
+    done
+    tx=$(awk '/number of transactions actually processed/{split($NF, a, "/"); print a[1]}' "$work/pgbench.out")
+    local dump="$out.$after"
+    awk -v name="$name" -v mode="$mode" -v tx="$tx" '
+      /^totals:/ { ir = $2 }
+      END { printf "%-22s %-9s %9d tx %14d instructions %8.0f per transaction\n", name, mode, tx, ir, ir / tx }' "$dump"
+  done
+}
+
+echo "pgbench -S, $CLIENTS clients, pool of $POOL, ${SECONDS_RUN}s per mode; user-space instructions under callgrind"
+i=0
+for bin in "${bins[@]}"; do
+  i=$((i + 1))
+  p=$(freeport)
+  h=$(freeport)
+  out="$work/leafproxy-$i.callgrind"
+  GODEBUG=asyncpreemptoff=1 valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$out" \
+    "$bin" serve --listen "127.0.0.1:$p" --http "127.0.0.1:$h" --upstream "$host:$port" \
+    --upstream-sslmode disable --store "$dbURL" --migrate-on-start --snowflake-tags order,pay \
+    --fill orders.id=order --pool-mode transaction --pool-size "$POOL" --auth-type trust \
+    >"$work/leafproxy-$i.log" 2>&1 &
+  pid=$!
+  pids+=("$pid")
+  waitport "$p" || { tail -20 "$work/leafproxy-$i.log" >&2; exit 1; }
+  name="leafproxy"
+  [ "$i" = 1 ] || name="leafproxy $(basename "$bin")"
+  measure "$name" "$p" "$pid" "" "$out"
+  kill "$pid"
+done
+
+if [ "$PGBOUNCER" != 0 ]; then
+  q=$(freeport)
+  cat >"$work/pgbouncer.ini" <<INI
+[databases]
+$db = host=$host port=$port dbname=$db
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $q
+auth_type = trust
+auth_file = $work/users.txt
+pool_mode = transaction
+default_pool_size = $POOL
+max_db_connections = $POOL
+max_client_conn = $((CLIENTS + 50))
+logfile = $work/pgbouncer.log
+INI
+  echo "\"$user\" \"\"" >"$work/users.txt"
+  as=""
+  if [ "$(id -u)" = 0 ]; then
+    as=postgres # PgBouncer refuses to run as root
+    chown postgres "$work" "$work/pgbouncer.ini" "$work/users.txt"
+  fi
+  out="$work/pgbouncer.callgrind"
+  if [ -n "$as" ]; then
+    runuser -u "$as" -- valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$out" \
+      pgbouncer "$work/pgbouncer.ini" >"$work/pgbouncer.out" 2>&1 &
+  else
+    valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$out" \
+      pgbouncer "$work/pgbouncer.ini" >"$work/pgbouncer.out" 2>&1 &
+  fi
+  pids+=("$!")
+  waitport "$q" || { tail -20 "$work/pgbouncer.out" >&2; exit 1; }
+  pid=$(pgrep -f "pgbouncer $work/pgbouncer.ini" | while read -r c; do
+    [ "$(cat /proc/"$c"/comm 2>/dev/null)" = runuser ] || echo "$c"
+  done | head -1)
+  measure "pgbouncer" "$q" "$pid" "$as" "$out"
+fi

@@ -168,5 +168,6 @@ INI
   pid=$(pgrep -f "pgbouncer $work/pgbouncer.ini" | while read -r c; do
     [ "$(cat /proc/"$c"/comm 2>/dev/null)" = runuser ] || echo "$c"
   done | head -1)
+  pids+=("$pid")
   measure "pgbouncer" "$q" "$pid" "$as" "$out"
 fi

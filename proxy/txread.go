@@ -177,8 +177,12 @@ func (v *pooledConn) readServer(pc *physConn, p []byte, held bool) (int, error) 
 	// connection is given back. Each is handled where pc's buffer holds it, taken off pc
 	// first: serverMessage copies what it keeps of it before it may give pc back, after
 	// which another session may read into that buffer. What is buffered is looked at
-	// through one Peek: taking messages off does not move the bytes behind them.
-	buffered, _ := pc.br.Peek(pc.br.Buffered())
+	// through one Peek: taking messages off does not move the bytes behind them. Not once
+	// the gathered message gave pc back.
+	var buffered []byte
+	if v.pc == pc {
+		buffered, _ = pc.br.Peek(pc.br.Buffered())
+	}
 	for off := 0; v.pc == pc && !v.closed && len(buffered)-off >= 5; {
 		n := int(binary.BigEndian.Uint32(buffered[off+1:])) + 1
 		if n < 5 || len(buffered)-off < n {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Counts the instructions a hop runs in user space per transaction, under valgrind's
 # callgrind: leafproxy in transaction mode (this module's build, and any other binaries
-# given) and PgBouncer in transaction mode, each with a pool of POOL server connections,
+# given) and PgBouncer in transaction mode, each with a pool of POOL server connections
+# (with POOL_MODE=session, both in session mode, a server connection per client),
 # under `pgbench -S` with CLIENTS clients for DURATION seconds. Instructions are counted
 # from pgbench's first connection to its last transaction, and divided by the
 # transactions pgbench reports; the hop's background work (health checks, timers) and
@@ -15,12 +16,22 @@
 # Run it under the test environment, which starts PostgreSQL (`make bench-instructions`
 # does):
 #   go run ./internal/testenv/cmd/testenv -no-zk -- scripts/instructions.sh [OTHER_BINARY ...]
-# Settings, from the environment: CLIENTS (50), POOL (20), DURATION (20, seconds), MODES
-# (simple extended prepared), PGBOUNCER (1; 0 leaves it out).
+# Settings, from the environment: CLIENTS (50), POOL (20), POOL_MODE (transaction or
+# session), DURATION (20, seconds), MODES (simple extended prepared), PGBOUNCER (1; 0
+# leaves it out).
 set -euo pipefail
 
 CLIENTS=${CLIENTS:-50}
 POOL=${POOL:-20}
+POOL_MODE=${POOL_MODE:-transaction}
+case "$POOL_MODE" in
+  transaction) leafPool=(--pool-mode transaction --pool-size "$POOL" --auth-type trust) ;;
+  session)
+    leafPool=(--pool-mode session)
+    POOL=$CLIENTS
+    ;;
+  *) echo "instructions: POOL_MODE is transaction or session, not $POOL_MODE" >&2; exit 2 ;;
+esac
 SECONDS_RUN=${DURATION:-20}
 MODES=${MODES:-simple extended prepared}
 PGBOUNCER=${PGBOUNCER:-1}
@@ -86,7 +97,7 @@ measure() {
     "postgres://$user@127.0.0.1:$p/$db?sslmode=disable" >"$work/pgbench.out" 2>&1 ||
     { cat "$work/pgbench.out" >&2; return 1; }
   for mode in $MODES; do
-    if [ "$name" = pgbouncer ] && [ "$mode" = prepared ]; then
+    if [ "$name" = pgbouncer ] && [ "$mode" = prepared ] && [ "$POOL_MODE" = transaction ]; then
       # PgBouncer before 1.21 does not track protocol-level prepared statements in
       # transaction mode: pgbench -M prepared fails through it at once.
       printf '%-22s %-9s cannot (no prepared statements in transaction mode)\n' "$name" "$mode"
@@ -112,7 +123,7 @@ measure() {
   done
 }
 
-echo "pgbench -S, $CLIENTS clients, pool of $POOL, ${SECONDS_RUN}s per mode; user-space instructions under callgrind"
+echo "pgbench -S, $CLIENTS clients, $POOL_MODE mode, pool of $POOL, ${SECONDS_RUN}s per mode; user-space instructions under callgrind"
 i=0
 for bin in "${bins[@]}"; do
   i=$((i + 1))
@@ -122,7 +133,7 @@ for bin in "${bins[@]}"; do
   GODEBUG=asyncpreemptoff=1 valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$out" \
     "$bin" serve --listen "127.0.0.1:$p" --http "127.0.0.1:$h" --upstream "$host:$port" \
     --upstream-sslmode disable --store "$dbURL" --migrate-on-start --snowflake-tags order,pay \
-    --fill orders.id=order --pool-mode transaction --pool-size "$POOL" --auth-type trust \
+    --fill orders.id=order "${leafPool[@]}" \
     >"$work/leafproxy-$i.log" 2>&1 &
   pid=$!
   pids+=("$pid")
@@ -143,7 +154,7 @@ listen_addr = 127.0.0.1
 listen_port = $q
 auth_type = trust
 auth_file = $work/users.txt
-pool_mode = transaction
+pool_mode = $POOL_MODE
 default_pool_size = $POOL
 max_db_connections = $POOL
 max_client_conn = $((CLIENTS + 50))

@@ -61,12 +61,19 @@ port=${hostport##*:}
 user=$(sed -E 's#^[a-z]+://([^:@/]+).*#\1#' <<<"$LEAF_TEST_PG")
 PGOPTIONS='-c client_min_messages=warning' psql "$LEAF_TEST_PG" -qc "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db" >/dev/null
 dbURL=$(sed -E "s#/[^/?]*(\?|$)#/$db\1#" <<<"$LEAF_TEST_PG")
-pgbench -i -q -s 10 "$dbURL" >/dev/null 2>&1
+pgbench -i -q -s 10 "$dbURL" >"$work/init.out" 2>&1 || { cat "$work/init.out" >&2; exit 1; }
 
 go build -o "$work/leafproxy" ./cmd/leafproxy
 bins=("$work/leafproxy" "$@")
 
-freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# freeport prints a loopback port nothing listens on.
+freeport() {
+  local p
+  while :; do
+    p=$((20000 + RANDOM % 40000))
+    (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
+  done
+}
 
 # waitport PORT: wait until something accepts connections on PORT (valgrind starts slowly).
 waitport() {

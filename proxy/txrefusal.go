@@ -114,8 +114,8 @@ func scanTxWords[T string | []byte](sql T) (w txWords) {
 // txWordStart tells the first letters of the words of scanTxWords, in lower case.
 var txWordStart = [256]bool{'p': true, 'l': true, 'h': true, 't': true, 'a': true, 'd': true, 's': true}
 
-// refusableWord is the word of txWords.refusable that starts with a letter, in lower
-// case; each starts with another.
+// refusableWord is, by its first letter, each word of txWords.refusable, in lower case;
+// no two share a first letter.
 var refusableWord = [256]string{'p': "prepare", 'l': "listen", 'h': "hold", 't': "temp", 'a': "authorization"}
 
 func refusedMessage(what string) []byte {

@@ -266,13 +266,19 @@ type hops struct {
 	userCPU    bool   // the select-only and tx-pool CPU meters count user time only
 }
 
-// meter is the CPU meter of a select-only group's leafproxy: its total CPU time, or its
-// user time with -user-cpu.
-func (h hops) meter(lp *pgbench.Leafproxy) func() (time.Duration, error) {
+// cpuMeters is a hop's process, which leafproxy's and PgBouncer's both are.
+type cpuMeters interface {
+	CPU() (time.Duration, error)
+	UserCPU() (time.Duration, error)
+}
+
+// meter is the CPU meter of a hop of the select-only and tx-pool groups: its total CPU
+// time, or its user time with -user-cpu.
+func (h hops) meter(p cpuMeters) func() (time.Duration, error) {
 	if h.userCPU {
-		return lp.UserCPU
+		return p.UserCPU
 	}
-	return lp.CPU
+	return p.CPU
 }
 
 // selectOnlyGroup is a started select-only group.
@@ -354,11 +360,7 @@ func (h hops) selectOnly(ctx context.Context, name, socketDir string, tlsFiles *
 			return g, err
 		}
 		stops = append(stops, func() { _ = b.Close() })
-		cpu := b.CPU
-		if h.userCPU {
-			cpu = b.UserCPU
-		}
-		add(pgbench.Endpoint{Name: "pgbouncer", URL: b.URL(h.dbURL), CPU: cpu})
+		add(pgbench.Endpoint{Name: "pgbouncer", URL: b.URL(h.dbURL), CPU: h.meter(b)})
 	}
 	if !h.bare {
 		return g, nil

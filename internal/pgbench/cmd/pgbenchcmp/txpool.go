@@ -129,11 +129,7 @@ func txPoolGroup(ctx context.Context, h hops, o txPoolOptions) (pgbench.Group, f
 			return g, stop, err
 		}
 		stops = append(stops, func() { _ = b.Close() })
-		cpu := b.CPU
-		if h.userCPU {
-			cpu = b.UserCPU
-		}
-		add(pgbench.Endpoint{Name: "pgbouncer tx", URL: b.URL(roleURL), CPU: cpu,
+		add(pgbench.Endpoint{Name: "pgbouncer tx", URL: b.URL(roleURL), CPU: h.meter(b),
 			Unsupported: map[string]string{"prepared": bouncerNoPrepared}})
 	}
 	return g, stop, nil

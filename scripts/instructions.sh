@@ -130,6 +130,10 @@ measure() {
   done
 }
 
+# Counting starts off: measure turns it on for each run. (Go's asynchronous preemption
+# signals trip callgrind up; leafproxy runs with them off.)
+callgrind=(valgrind --tool=callgrind --instr-atstart=no)
+
 echo "pgbench -S, $CLIENTS clients, $POOL_MODE mode, pool of $POOL, ${SECONDS_RUN}s per mode; user-space instructions under callgrind"
 i=0
 for bin in "${bins[@]}"; do
@@ -137,7 +141,7 @@ for bin in "${bins[@]}"; do
   p=$(freeport)
   h=$(freeport)
   out="$work/leafproxy-$i.callgrind"
-  GODEBUG=asyncpreemptoff=1 valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$out" \
+  GODEBUG=asyncpreemptoff=1 "${callgrind[@]}" --callgrind-out-file="$out" \
     "$bin" serve --listen "127.0.0.1:$p" --http "127.0.0.1:$h" --upstream "$host:$port" \
     --upstream-sslmode disable --store "$dbURL" --migrate-on-start --snowflake-tags order,pay \
     --fill orders.id=order "${leafPool[@]}" \
@@ -168,19 +172,14 @@ max_client_conn = $((CLIENTS + 50))
 logfile = $work/pgbouncer.log
 INI
   echo "\"$user\" \"\"" >"$work/users.txt"
-  as=""
+  as="" asUser=()
   if [ "$(id -u)" = 0 ]; then
-    as=postgres # PgBouncer refuses to run as root
+    as=postgres asUser=(runuser -u postgres --) # PgBouncer refuses to run as root
     chown postgres "$work" "$work/pgbouncer.ini" "$work/users.txt"
   fi
   out="$work/pgbouncer.callgrind"
-  if [ -n "$as" ]; then
-    runuser -u "$as" -- valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$out" \
-      pgbouncer "$work/pgbouncer.ini" >"$work/pgbouncer.out" 2>&1 &
-  else
-    valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$out" \
-      pgbouncer "$work/pgbouncer.ini" >"$work/pgbouncer.out" 2>&1 &
-  fi
+  "${asUser[@]}" "${callgrind[@]}" --callgrind-out-file="$out" \
+    pgbouncer "$work/pgbouncer.ini" >"$work/pgbouncer.out" 2>&1 &
   pids+=("$!")
   waitport "$q" || { tail -20 "$work/pgbouncer.out" >&2; exit 1; }
   pid=$(pgrep -f "pgbouncer $work/pgbouncer.ini" | while read -r c; do

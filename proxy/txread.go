@@ -174,24 +174,32 @@ func (v *pooledConn) readServer(pc *physConn, p []byte, held bool) (int, error) 
 		v.serverMessage(gathered)
 	}
 	// The messages already buffered whole go in the same turn, under one lock, until the
-	// connection is given back. Each is handled where pc's buffer holds it, taken off pc
-	// first: serverMessage copies what it keeps of it before it may give pc back, after
-	// which another session may read into that buffer. What is buffered is looked at
-	// through one Peek: taking messages off does not move the bytes behind them. Not once
-	// the gathered message gave pc back.
+	// connection is given back. Each is handled where pc's buffer holds it, looked at
+	// through one Peek: nothing else reads pc meanwhile, and taking messages off does not
+	// move the bytes behind them. They are taken off pc in one Discard, before a
+	// ReadyForQuery, the one message whose handling may give pc back (serverMessage copies
+	// what it keeps of it first), after which another session may read into that buffer;
+	// or at the end of the walk. Not once the gathered message gave pc back.
 	var buffered []byte
 	if v.pc == pc {
 		buffered, _ = pc.br.Peek(pc.br.Buffered())
 	}
-	for off := 0; v.pc == pc && !v.closed && len(buffered)-off >= 5; {
+	off, taken := 0, 0
+	for v.pc == pc && !v.closed && len(buffered)-off >= 5 {
 		n := int(binary.BigEndian.Uint32(buffered[off+1:])) + 1
 		if n < 5 || len(buffered)-off < n {
 			break
 		}
 		msg := buffered[off : off+n]
-		_, _ = pc.br.Discard(n)
 		off += n
+		if msg[0] == serverReadyForQuery {
+			_, _ = pc.br.Discard(off - taken)
+			taken = off
+		}
 		v.serverMessage(msg)
+	}
+	if off > taken {
+		_, _ = pc.br.Discard(off - taken)
 	}
 	put := len(v.direct)
 	v.direct = nil

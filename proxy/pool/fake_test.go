@@ -16,22 +16,22 @@ import (
 // run in the advancing goroutine, in deadline order.
 type fakeClock struct {
 	mu     sync.Mutex
-	now    time.Time
+	now    instant
 	timers []*fakeTimer
 }
 
 type fakeTimer struct {
 	c    *fakeClock
-	at   time.Time
+	at   instant
 	f    func()
 	dead bool
 }
 
 func newFakeClock() *fakeClock {
-	return &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	return &fakeClock{now: instant(24 * time.Hour)} // past the zero instant, as the real clock's readings are
 }
 
-func (c *fakeClock) Now() time.Time {
+func (c *fakeClock) Now() instant {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.now

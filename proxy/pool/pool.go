@@ -102,14 +102,14 @@ type keyPool[C any] struct {
 	// One timer per key rather than per wait: waits are the common case when clients
 	// outnumber the connections, and all of a key's waiters share one timeout.
 	expiry   timer
-	expiryAt time.Time
+	expiryAt instant
 	total    int // open, opening or closing
 	opening  int
 	closing  int
 	lent     int
 	reset    int // given back with NeedsReset, being reset
 
-	retryAt time.Time     // no dial before this after a failure
+	retryAt instant       // no dial before this after a failure
 	backoff time.Duration // the pause set at the last failure
 	lastErr error
 
@@ -122,8 +122,8 @@ type Server[C any] struct {
 	conn     C
 	pool     *Pool[C]
 	kp       *keyPool[C]
-	born     time.Time
-	lastUsed time.Time
+	born     instant
+	lastUsed instant
 	lent     bool
 }
 
@@ -311,7 +311,7 @@ func (p *Pool[C]) lendOrQueue(key Key, wt *Wait[C], done func(*Wait[C], *Server[
 }
 
 // newWaiter returns a waiter, a recycled one when there is one.
-func (p *Pool[C]) newWaiter(now time.Time, timeout time.Duration) *waiter[C] {
+func (p *Pool[C]) newWaiter(now instant, timeout time.Duration) *waiter[C] {
 	w, _ := p.waiters.Get().(*waiter[C])
 	if w == nil {
 		w = &waiter[C]{ready: make(chan struct{}, 1)}
@@ -330,7 +330,7 @@ func (p *Pool[C]) freeWaiter(w *waiter[C]) {
 // armExpiryLocked makes sure kp's expiry timer fires by at, the deadline of a new waiter.
 // Deadlines grow with the queue while QueryWaitTimeout stays the same, so that this
 // arms a timer only when the key has none.
-func (p *Pool[C]) armExpiryLocked(kp *keyPool[C], at time.Time) {
+func (p *Pool[C]) armExpiryLocked(kp *keyPool[C], at instant) {
 	if kp.expiry != nil {
 		if !at.Before(kp.expiryAt) {
 			return
@@ -348,7 +348,8 @@ func (p *Pool[C]) expire(kp *keyPool[C]) {
 	defer p.mu.Unlock()
 	kp.expiry = nil
 	now := p.clock.Now()
-	var next time.Time
+	var next instant
+	armed := false
 	for w := kp.waiters.head; w != nil; {
 		following := w.next
 		if deadline := w.since.Add(w.timeout); w.timeout > 0 {
@@ -357,13 +358,13 @@ func (p *Pool[C]) expire(kp *keyPool[C]) {
 				kp.waitTimeouts++
 				kp.waitTime += now.Sub(w.since)
 				w.finish(nil, waitTimeoutError(kp.key, w.timeout))
-			} else if next.IsZero() || deadline.Before(next) {
-				next = deadline
+			} else if !armed || deadline.Before(next) {
+				next, armed = deadline, true
 			}
 		}
 		w = following
 	}
-	if !next.IsZero() && !p.closed {
+	if armed && !p.closed {
 		p.armExpiryLocked(kp, next)
 	}
 }
@@ -454,7 +455,7 @@ func (db *database[C]) overLimit() bool {
 // kept counts the connections of a key that are not being closed.
 func (kp *keyPool[C]) kept() int { return kp.total - kp.closing }
 
-func (kp *keyPool[C]) pastLifetime(s *Server[C], now time.Time) bool {
+func (kp *keyPool[C]) pastLifetime(s *Server[C], now instant) bool {
 	return kp.lim.ServerLifetime > 0 && now.Sub(s.born) >= kp.lim.ServerLifetime
 }
 
@@ -503,15 +504,16 @@ func (p *Pool[C]) serveLocked(db *database[C]) {
 	if p.closed {
 		return
 	}
-	var now time.Time // read only when a key needs a dial: the clock is not free
+	var now instant // read only when a key needs a dial
+	read := false
 	for {
 		var best *keyPool[C]
 		for _, kp := range db.pools {
 			if kp.waiters.n <= kp.opening+kp.reset || kp.total >= kp.lim.PoolSize {
 				continue
 			}
-			if now.IsZero() {
-				now = p.clock.Now()
+			if !read {
+				now, read = p.clock.Now(), true
 			}
 			if now.Before(kp.retryAt) {
 				continue
@@ -592,7 +594,7 @@ func (p *Pool[C]) dial(kp *keyPool[C], timeout time.Duration) {
 		return
 	}
 	kp.dials++
-	kp.backoff, kp.retryAt, kp.lastErr = 0, time.Time{}, nil
+	kp.backoff, kp.retryAt, kp.lastErr = 0, 0, nil
 	p.putLocked(&Server[C]{conn: c, pool: p, kp: kp, born: now})
 	p.serveLocked(kp.db)
 	p.checkDrainedLocked()
@@ -601,7 +603,7 @@ func (p *Pool[C]) dial(kp *keyPool[C], timeout time.Duration) {
 // loginFailedLocked fails every waiter of kp with the dial's error and holds further
 // dials back: the server is down or refuses us, and queueing clients until
 // QueryWaitTimeout would only hide that.
-func (p *Pool[C]) loginFailedLocked(kp *keyPool[C], err error, now time.Time) {
+func (p *Pool[C]) loginFailedLocked(kp *keyPool[C], err error, now instant) {
 	switch {
 	case now.Before(kp.retryAt):
 		// A dial started before the last failure: same outage, same pause.

@@ -6,7 +6,7 @@ import "time"
 // lock until finish, after which only its Acquire reads them.
 type waiter[C any] struct {
 	prev, next *waiter[C]
-	since      time.Time
+	since      instant
 	timeout    time.Duration                     // QueryWaitTimeout when the wait began; 0 for none
 	ready      chan struct{}                     // receives one value at finish; nil for a wait of AcquireFunc
 	notify     func(*Wait[C], *Server[C], error) // AcquireFunc's done; nil for Acquire

@@ -136,8 +136,7 @@ func (c *conn) passesRewritingLocked(typ byte, body []byte, memo *plainMemo) boo
 	switch typ {
 	case clientQuery:
 		sql, rest, ok := cStringView(body)
-		// No memo: the texts of Queries carry their values, and rarely repeat.
-		if !ok || len(rest) != 0 || !c.needsNothing(sql, nil) {
+		if !ok || len(rest) != 0 || !c.needsNothing(sql, memo) {
 			return false
 		}
 		// As onQuery, then forwardQuery: no unnamed statement is left, and the Query
@@ -189,9 +188,9 @@ func (c *conn) needsNothing(sql string, memo *plainMemo) bool {
 	if memo != nil && memo.clears(rw, sql) {
 		return true
 	}
-	if rw.Prefiltered(sql) {
+	if cleared, noWords := rw.PrefilteredWords(sql); cleared {
 		if memo != nil {
-			memo.remember(rw, sql)
+			memo.remember(rw, sql, noWords)
 		}
 		return true
 	}
@@ -199,27 +198,38 @@ func (c *conn) needsNothing(sql string, memo *plainMemo) bool {
 	return ok && p == nil && err == nil
 }
 
-// plainMemo remembers the last text of a Parse a rewriter's prefilter cleared, so
-// that the same text again, from clients that parse their statement for every
-// execution, is cleared by comparing its bytes rather than by a scan. An event loop
+// plainMemo remembers the last text of a Query or Parse a rewriter's prefilter cleared,
+// so that the same text again, from clients that parse their statement for every
+// execution, is cleared by comparing its bytes rather than by a scan; and, when the text
+// has none of the prefilter's words, a text the same but for its numbers, from clients
+// that put their values in their Queries (see rewrite.SameButNumbers). An event loop
 // keeps one for all its sessions.
 type plainMemo struct {
-	rw   *rewrite.Rewriter
-	text []byte
+	rw      *rewrite.Rewriter
+	text    []byte
+	noWords bool
 }
 
 // maxPlainMemo is the longest text a plainMemo remembers.
 const maxPlainMemo = 512
 
-// clears reports whether sql is the text last remembered for rw.
+// clears reports whether sql is the text last remembered for rw, or the same but for
+// its numbers when that text has none of the prefilter's words.
 func (m *plainMemo) clears(rw *rewrite.Rewriter, sql string) bool {
-	return m.rw == rw && len(sql) == len(m.text) && string(m.text) == sql
+	if m.rw != rw {
+		return false
+	}
+	if len(sql) == len(m.text) && string(m.text) == sql {
+		return true // one comparison of the bytes, however long the text
+	}
+	return m.noWords && rewrite.SameButNumbers(m.text, sql)
 }
 
-// remember keeps sql, which rw's prefilter cleared.
-func (m *plainMemo) remember(rw *rewrite.Rewriter, sql string) {
+// remember keeps sql, which rw's prefilter cleared; noWords: sql has none of the
+// prefilter's words.
+func (m *plainMemo) remember(rw *rewrite.Rewriter, sql string, noWords bool) {
 	if len(sql) <= maxPlainMemo {
-		m.rw, m.text = rw, append(m.text[:0], sql...)
+		m.rw, m.text, m.noWords = rw, append(m.text[:0], sql...), noWords
 	}
 }
 

@@ -2,9 +2,11 @@ package proxy
 
 import (
 	"bytes"
+
 	pg_query "github.com/pganalyze/pg_query_go/v6"
 
 	"github.com/leafproxy/leafproxy/internal/sqlstate"
+	"github.com/leafproxy/leafproxy/rewrite"
 )
 
 // What transaction mode answers without the database: refusals that need no server
@@ -87,13 +89,15 @@ func (v *pooledConn) checkParse(body []byte) queryVerdict {
 // the refusal, if any, and what the pass found; it notes the custom settings the text
 // sets. Called with mu held.
 func (v *pooledConn) checkText(sql []byte) (queryVerdict, txWords) {
-	if len(sql) <= maxPlainText && bytes.Equal(sql, v.plainText) {
+	if len(sql) <= maxPlainText && (bytes.Equal(sql, v.plainText) || rewrite.SameButNumbers(v.plainText, sql)) {
 		return queryVerdict{}, txWords{}
 	}
 	w := scanTxWords(sql)
 	if w == (txWords{}) && len(sql) <= maxPlainText {
-		// Nothing to look at: a client that sends the same text again (most do) is
-		// spared the scan.
+		// Nothing to look at: a client that sends the same text again (most do), or
+		// the same but for its numbers, is spared the scan. No word of txWords has a
+		// digit in it, and a digit is next to a digit in both texts (see
+		// rewrite.SameButNumbers), so that they have the same words.
 		v.plainText = append(v.plainText[:0], sql...)
 	}
 	if r := refusedInTransactionMode(sql, w); r != nil {

@@ -4,6 +4,8 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+
+	"github.com/leafproxy/leafproxy/rewrite"
 )
 
 // TestTxWordsRefusal: one pass finds the lock functions wherever they are, in any case, and
@@ -70,6 +72,47 @@ func TestScanTxWordsFindsEveryOccurrence(t *testing.T) {
 		if got := scanTxWords([]byte(sql)); got != want {
 			t.Fatalf("scanTxWords(bytes %q) = %+v, want %+v", sql, got, want)
 		}
+	}
+}
+
+// TestScanTxWordsSameButNumbers: texts the same but for their numbers have the same
+// words, which is what lets checkText clear a text like the last plain one without a
+// scan (see rewrite.SameButNumbers).
+func TestScanTxWordsSameButNumbers(t *testing.T) {
+	pieces := []string{" ", "1", "23", "0", "x1", "1.5", "temp", "hold", "set", "app.x", "=", "pg_advisory_lock",
+		"listen", "(", "_", "prepare", "a", "deallocate", "set_config", "'"}
+	numbers := []string{"1", "42", "007", "9"}
+	rng := rand.New(rand.NewPCG(3, 4))
+	alike := 0
+	for range 50000 {
+		var b strings.Builder
+		for range rng.IntN(8) {
+			b.WriteString(pieces[rng.IntN(len(pieces))])
+		}
+		a := b.String()
+		var c strings.Builder // a with other numbers
+		for i := 0; i < len(a); i++ {
+			if '0' <= a[i] && a[i] <= '9' {
+				c.WriteString(numbers[rng.IntN(len(numbers))])
+				for i+1 < len(a) && '0' <= a[i+1] && a[i+1] <= '9' {
+					i++
+				}
+				continue
+			}
+			c.WriteByte(a[i])
+		}
+		if !rewrite.SameButNumbers(a, c.String()) {
+			t.Fatalf("%q and %q are not the same but for their numbers", a, c.String())
+		}
+		if a != c.String() {
+			alike++
+		}
+		if wa, wc := scanTxWords(a), scanTxWords(c.String()); wa != wc {
+			t.Fatalf("scanTxWords(%q) = %+v, but %+v for %q", a, wa, wc, c.String())
+		}
+	}
+	if alike < 10000 {
+		t.Fatalf("only %d texts had other numbers: the test does not test", alike)
 	}
 }
 

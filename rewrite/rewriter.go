@@ -208,6 +208,16 @@ func (r *Rewriter) Cached(sql string) (p *Plan, ok bool, err error) {
 // remember it for as long as it uses this Rewriter.
 func (r *Rewriter) Prefiltered(sql string) bool { return !r.mayNeed(sql) }
 
+// PrefilteredWords is Prefiltered, and also reports whether sql has none of the
+// prefilter's words at all, not even insert, merge or copy (noWords): then sql
+// needs nothing whatever tables are filled, and so does every text that is the
+// same but for its numbers (see SameButNumbers), which a caller may clear by
+// comparing it with sql rather than by a scan.
+func (r *Rewriter) PrefilteredWords(sql string) (cleared, noWords bool) {
+	need, writes := r.prefilter(sql)
+	return !need, !need && !writes
+}
+
 // maxCachedSQL bounds the memory of the caches: longer texts (bulk
 // multi-row INSERTs, generated SQL) rarely repeat, and 4096 of them could
 // otherwise pin gigabytes. They are planned on every use.
@@ -220,7 +230,13 @@ const maxCachedSQL = 32 << 10
 // a keyword's anchor, a letter of it that is rare in SQL (the x of execute,
 // the f of leaf_), and then compares eight bytes at once.
 func (r *Rewriter) mayNeed(sql string) bool {
-	writes := false
+	need, _ := r.prefilter(sql)
+	return need
+}
+
+// prefilter is mayNeed (need), and reports whether sql has one of the words of
+// writes, insert, merge or copy (writes).
+func (r *Rewriter) prefilter(sql string) (need, writes bool) {
 	for i := 0; i < len(sql); i++ {
 		a := keywordAnchor[sql[i]]
 		if a == 0 {
@@ -241,15 +257,15 @@ func (r *Rewriter) mayNeed(sql string) bool {
 		switch a {
 		case 'f':
 			if kwLeaf.at(w) {
-				return true
+				return true, writes
 			}
 		case 'x':
 			if kwExecute.at(w) {
-				return true
+				return true, writes
 			}
 		case 'd':
 			if kwDiscard.at(w) || kwDeallocate.at(w) && hasFoldAt(sql, start+8, "te") {
-				return true
+				return true, writes
 			}
 		case 'i':
 			writes = writes || kwInsert.at(w)
@@ -260,14 +276,14 @@ func (r *Rewriter) mayNeed(sql string) bool {
 		}
 	}
 	if !writes {
-		return false
+		return false, false
 	}
 	for _, n := range r.needles {
 		if containsFold(sql, n) {
-			return true
+			return true, true
 		}
 	}
-	return false
+	return false, true
 }
 
 // keywordAnchor maps a byte to the lower-case anchor letter it is (either

@@ -1,0 +1,54 @@
+package proxy
+
+import (
+	"testing"
+
+	"github.com/leafproxy/leafproxy/rewrite"
+)
+
+// TestPlainMemo checks what the loop's memo of cleared texts clears without the
+// rewriter: the text it remembers; a text the same but for its numbers only when the
+// remembered one has none of the prefilter's words, for a number in a table's name can
+// make it a filled table's.
+func TestPlainMemo(t *testing.T) {
+	rw, err := rewrite.New(rewrite.Settings{Fill: []rewrite.FillRule{{Table: "orders2", Column: "id", Tag: "order"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := rewrite.New(rewrite.Settings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m plainMemo
+	remember := func(sql string) {
+		t.Helper()
+		cleared, noWords := rw.PrefilteredWords(sql)
+		if !cleared {
+			t.Fatalf("the prefilter does not clear %q", sql)
+		}
+		m.remember(rw, sql, noWords)
+	}
+	check := func(sql string, want bool) {
+		t.Helper()
+		if got := m.clears(rw, sql); got != want {
+			t.Errorf("after %q, clears(%q) = %v, want %v", m.text, sql, got, want)
+		}
+	}
+
+	remember("SELECT abalance FROM pgbench_accounts WHERE aid = 871254")
+	check("SELECT abalance FROM pgbench_accounts WHERE aid = 871254", true)
+	check("SELECT abalance FROM pgbench_accounts WHERE aid = 3", true)
+	check("SELECT abalance FROM pgbench_accounts WHERE aid = leaf_next('order')", false)
+	check("SELECT abalance FROM pgbench_accounts WHERE aid = 3 OR aid = 4", false)
+	if m.clears(other, "SELECT abalance FROM pgbench_accounts WHERE aid = 871254") {
+		t.Error("a text remembered for one rewriter is cleared for another")
+	}
+
+	remember("INSERT INTO orders1 (n) VALUES (1)")
+	check("INSERT INTO orders1 (n) VALUES (1)", true)
+	check("INSERT INTO orders1 (n) VALUES (2)", false) // has insert: only the same text
+	check("INSERT INTO orders2 (n) VALUES (1)", false)
+	if rw.Prefiltered("INSERT INTO orders2 (n) VALUES (1)") {
+		t.Fatal("the prefilter clears an INSERT into a filled table")
+	}
+}

@@ -1,0 +1,80 @@
+package rewrite
+
+import "math/bits"
+
+// SameButNumbers reports whether a and b are one text but for the digits of their
+// numbers: with every run of ASCII digits in each replaced by a single 0, they are
+// equal. Clients that put their values in the text of each statement (the simple
+// protocol of psql scripts, psycopg2, ORMs without server-side prepares) send such texts
+// again and again: "… WHERE id = 17" and "… WHERE id = 4242".
+//
+// No word the prefilter looks for has a digit in it, so two such texts have the same
+// words, where they stand next to the same kinds of bytes: a digit is next to a digit
+// (see PrefilteredWords). The texts are compared eight bytes at a time up to a
+// difference.
+func SameButNumbers[A, B string | []byte](a A, b B) bool {
+	i, j := 0, 0
+	for {
+		// Up to the next difference: eight bytes at a time, then one by one.
+		for len(a)-i >= 8 && len(b)-j >= 8 {
+			if d := word(a, i) ^ word(b, j); d != 0 {
+				k := bits.TrailingZeros64(d) / 8 // the first byte that differs
+				i, j = i+k, j+k
+				break
+			}
+			i, j = i+8, j+8
+		}
+		for i < len(a) && j < len(b) && a[i] == b[j] {
+			i, j = i+1, j+1
+		}
+		// A difference, or the end of one text or both: it must be inside a number of
+		// each, whose digits are passed over.
+		inNumber := i > 0 && isDigit(a[i-1]) // a[i-1] == b[j-1]
+		aDigit := i < len(a) && isDigit(a[i])
+		bDigit := j < len(b) && isDigit(b[j])
+		if !(inNumber && (aDigit || bDigit)) && !(aDigit && bDigit) {
+			return i == len(a) && j == len(b)
+		}
+		i, j = skipDigits(a, i), skipDigits(b, j)
+	}
+}
+
+func isDigit(c byte) bool { return c-'0' < 10 }
+
+// skipDigits returns the end of the run of digits of s at i, eight bytes at a time.
+func skipDigits[T string | []byte](s T, i int) int {
+	for len(s)-i >= 8 {
+		n := leadingDigits(word(s, i))
+		i += n
+		if n < 8 {
+			return i
+		}
+	}
+	for i < len(s) && isDigit(s[i]) {
+		i++
+	}
+	return i
+}
+
+// leadingDigits returns how many of the bytes of w, from its first (least significant)
+// on, are ASCII digits.
+func leadingDigits(w uint64) int {
+	const (
+		ones  = 0x0101010101010101
+		low7  = 0x7f * ones
+		highs = 0x80 * ones
+	)
+	t := w ^ '0'*ones // a digit becomes 0 to 9, and no other byte does
+	// The high bit of each byte of t from 10 on: no carry crosses from one byte to the
+	// next, as t&low7 + 0x76 stays under 0x100.
+	notDigits := ((t&low7 + (0x80-10)*ones) | t) & highs
+	return bits.TrailingZeros64(notDigits) / 8
+}
+
+// word returns the eight bytes of s from i as a little-endian word; eight bytes must be
+// there.
+func word[T string | []byte](s T, i int) uint64 {
+	b := s[i : i+8]
+	return uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
+		uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
+}

@@ -84,8 +84,8 @@ func passExchange(b testing.TB, c *conn, clientMsgs, upstreamMsgs int) {
 	for left := clientMsgs; left > 0; {
 		// A loop has read the socket (whole) before it passes messages on.
 		_, _ = c.cr.br.Peek(5)
-		n, k := c.passClientRun(left, &benchMemo)
-		relayRun(&c.cr, c.server.w, n)
+		run, k := c.passClientRun(left, &benchMemo)
+		relayRun(&c.cr, c.server.w, run)
 		if k > 0 {
 			left -= k
 			continue
@@ -97,9 +97,9 @@ func passExchange(b testing.TB, c *conn, clientMsgs, upstreamMsgs int) {
 	}
 	for left := upstreamMsgs; left > 0; {
 		_, _ = c.server.r.br.Peek(5)
-		n, k := c.passUpstreamRun(left)
+		run, k := c.passUpstreamRun(left)
 		c.cwMu.Lock()
-		relayRun(&c.server.r, c.cw, n)
+		relayRun(&c.server.r, c.cw, run)
 		c.cwMu.Unlock()
 		if k > 0 {
 			left -= k

@@ -369,13 +369,13 @@ func (ls *loopSession) process() {
 	for budget > 0 {
 		moved := false
 		for _, side := range [2]*loopEnd{&ls.client, &ls.upstream} {
-			if !ls.mayRead(side) {
-				continue
-			}
 			r := &c.cr
 			if side == &ls.upstream {
 				r = &c.server.r
 				if ls.streaming > 0 {
+					if !ls.mayRead(side) {
+						continue
+					}
 					ls.writeOut()
 					streamed, failed := ls.stream()
 					if failed {
@@ -389,8 +389,10 @@ func (ls *loopSession) process() {
 					continue
 				}
 			}
-			if r.br.Buffered() < 5 && !side.mayHaveInput() {
-				continue // nothing to read: spare the reader's calls down to the socket
+			if r.br.Buffered() < 5 && !side.mayHaveInput() || !ls.mayRead(side) {
+				// Nothing to read (the reader's calls down to the socket are spared), or
+				// not now. Input is looked for first: most sides that may read have none.
+				continue
 			}
 			// A fill of the reader may move the bytes of the run still to go out; the
 			// handlers write in order after it.
@@ -410,7 +412,8 @@ func (ls *loopSession) process() {
 			moved = true
 			if n >= 0 {
 				// The messages that cross unchanged go out together.
-				var run, k int
+				var run []byte
+				var k int
 				if side == &ls.client {
 					run, k = c.passClientRun(budget, &ls.loop.plain)
 					if ls.tx == nil {
@@ -535,42 +538,40 @@ func (ls *loopSession) whole(r *msgReader, in *endReader) (typ byte, n int, read
 	return typ, n, true, false
 }
 
-// relayRun writes the first n bytes r holds, a run of messages cleared to pass, to the
+// relayRun writes run, the first bytes r holds (a run of messages cleared to pass), to the
 // side to, as relayRun does through w. When w holds nothing and r nothing more, they go
 // straight from r's buffer to the socket of a plain side, without a copy into w, at the
 // end of process (see out).
-func (ls *loopSession) relayRun(r *msgReader, w *bufio.Writer, to *loopEnd, n int) {
-	if n == 0 || w.Buffered() > 0 || to.tls != nil || to.pio != nil || r.br.Buffered() != n {
+func (ls *loopSession) relayRun(r *msgReader, w *bufio.Writer, to *loopEnd, run []byte) {
+	if len(run) == 0 || w.Buffered() > 0 || to.tls != nil || to.pio != nil || r.br.Buffered() != len(run) {
 		ls.writeOut() // w goes out after it
-		relayRun(r, w, n)
+		relayRun(r, w, run)
 		return
 	}
 	ls.writeOut()
 	// The bytes stay where they are until r reads again, which writeOut precedes.
-	ls.out, _ = r.br.Peek(n)
-	ls.outTo = to
-	_, _ = r.br.Discard(n)
+	ls.out, ls.outTo = run, to
+	_, _ = r.br.Discard(len(run))
 }
 
-// relayToPool hands the first n bytes the client's reader holds, a run of messages
-// cleared to pass, to the session's pooledConn in transaction mode, which looks at each
+// relayToPool hands run, the first bytes the client's reader holds (a run of messages
+// cleared to pass), to the session's pooledConn in transaction mode, which looks at each
 // on its way to whichever connection the session borrows. When the run is all the reader
 // holds and nothing waits in the writer, the pooledConn takes it from the reader's buffer
 // itself; otherwise it joins the writer, flushed when the reader holds nothing more. It
 // returns the error the handlers would have met writing them.
-func (ls *loopSession) relayToPool(n int) error {
-	if n == 0 {
+func (ls *loopSession) relayToPool(run []byte) error {
+	if len(run) == 0 {
 		return nil
 	}
 	r, w := &ls.c.cr, ls.c.server.w
-	p, _ := r.br.Peek(n)
 	var err error
-	if w.Buffered() == 0 && r.br.Buffered() == n {
-		_, err = ls.tx.Write(p)
-	} else if _, err = w.Write(p); err == nil && r.br.Buffered() == n {
+	if w.Buffered() == 0 && r.br.Buffered() == len(run) {
+		_, err = ls.tx.Write(run)
+	} else if _, err = w.Write(run); err == nil && r.br.Buffered() == len(run) {
 		err = w.Flush()
 	}
-	_, _ = r.br.Discard(n)
+	_, _ = r.br.Discard(len(run))
 	return err
 }
 

@@ -84,15 +84,16 @@ func (c *conn) fromClient(typ byte, n int) error {
 }
 
 // passClientRun finds the client messages buffered whole that cross unchanged, at most
-// max of them, does their bookkeeping as fromClient would, and reports how many bytes and
-// messages they make; the caller relays them upstream as one write (relayRun). In a
+// max of them, does their bookkeeping as fromClient would, and returns them, where the
+// reader holds them, and how many they are; the caller relays them upstream as one write
+// (relayRun). In a
 // rewriting session they are a Query or Parse whose text the prefilter or the
 // rewriter's cache finds needs nothing, and the Bind, Describe, Execute, Sync and Flush
 // of statements without hidden parameters. It stops at the first message that needs its
 // handler and at one not buffered whole. An event loop calls it, so that a request costs
 // one pass over its bytes and one write rather than a handler call and a copy per
 // message.
-func (c *conn) passClientRun(max int, memo *plainMemo) (n, count int) {
+func (c *conn) passClientRun(max int, memo *plainMemo) (run []byte, count int) {
 	r := &c.cr
 	buf, _ := r.br.Peek(r.br.Buffered())
 	rewriting := c.srv.Rewriter != nil
@@ -110,7 +111,7 @@ func (c *conn) passClientRun(max int, memo *plainMemo) (n, count int) {
 		if !rewriting {
 			switch typ {
 			case clientTerminate:
-				return off, count
+				return buf[:off], count
 			case clientQuery, clientSync, clientFunctionCall:
 				c.pending.Add(1)
 			}
@@ -120,7 +121,7 @@ func (c *conn) passClientRun(max int, memo *plainMemo) (n, count int) {
 		off = end
 		count++
 	}
-	return off, count
+	return buf[:off], count
 }
 
 // passesRewritingLocked does the bookkeeping of a client message of a rewriting session
@@ -349,11 +350,12 @@ func (c *conn) fromUpstream(typ byte, n int) (fatal bool, err error) {
 
 // passUpstreamRun finds the upstream messages buffered whole that cross unchanged, at
 // most max of them: the rows, completions and ReadyForQuery of a statement that needed no
-// rewrite. It does their bookkeeping as fromUpstream would and reports how many bytes and
-// messages they make; the caller relays them to the client as one write (relayRun). It
+// rewrite. It does their bookkeeping as fromUpstream would and returns them, where the
+// reader holds them, and how many they are; the caller relays them to the client as one
+// write (relayRun). It
 // stops at the first message whose handler must decode or change it (an ErrorResponse,
 // a ParameterStatus, a ParseComplete not to relay, say) and at one not buffered whole.
-func (c *conn) passUpstreamRun(max int) (n, count int) {
+func (c *conn) passUpstreamRun(max int) (run []byte, count int) {
 	r := &c.server.r
 	buf, _ := r.br.Peek(r.br.Buffered())
 	rewriting := c.srv.Rewriter != nil
@@ -371,7 +373,7 @@ func (c *conn) passUpstreamRun(max int) (n, count int) {
 		switch typ {
 		case serverReadyForQuery:
 			if end-off != 6 { // a ReadyForQuery carries one byte
-				return off, count
+				return buf[:off], count
 			}
 			if st := uint32(buf[off+5]); c.server.txStatus.Load() != st {
 				// Stored only when it changes (this goroutine is the only writer): a
@@ -384,17 +386,17 @@ func (c *conn) passUpstreamRun(max int) (n, count int) {
 				c.pending.Add(-1)
 			}
 		case serverErrorResponse, serverParameterDescription, serverParameterStatus, serverCopyInResponse:
-			return off, count
+			return buf[:off], count
 		case serverParseComplete, serverBindComplete, serverCloseComplete, serverNoData,
 			serverRowDescription, serverCommandComplete, serverEmptyQueryResponse, serverPortalSuspended:
 			if rewriting && !c.terminalPassesLocked(typ) {
-				return off, count
+				return buf[:off], count
 			}
 		}
 		off = end
 		count++
 	}
-	return off, count
+	return buf[:off], count
 }
 
 // wholeAt reports the type of the message at off in buf and the offset just past it, or
@@ -412,15 +414,15 @@ func wholeAt(buf []byte, off, maxBody int) (typ byte, end int, ok bool) {
 	return buf[off], end, true
 }
 
-// relayRun writes the first n bytes r holds, a run of messages cleared to pass, to w,
-// and flushes w when r holds nothing more.
-func relayRun(r *msgReader, w *bufio.Writer, n int) {
-	if n == 0 {
+// relayRun writes run, the first bytes r holds (a run of messages cleared to pass, as
+// passClientRun or passUpstreamRun returns it), to w, and flushes w when r holds nothing
+// more.
+func relayRun(r *msgReader, w *bufio.Writer, run []byte) {
+	if len(run) == 0 {
 		return
 	}
-	p, _ := r.br.Peek(n)
-	_, _ = w.Write(p) // on a loop the sink keeps a write error for the loop to act on
-	_, _ = r.br.Discard(n)
+	_, _ = w.Write(run) // on a loop the sink keeps a write error for the loop to act on
+	_, _ = r.br.Discard(len(run))
 	if r.br.Buffered() == 0 {
 		_ = w.Flush()
 	}

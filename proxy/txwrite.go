@@ -123,7 +123,7 @@ func (v *pooledConn) handle(in []byte, inBuf, held bool) error {
 	}
 	if inBuf {
 		v.wbuf = v.wbuf[:copy(v.wbuf, v.wbuf[done:])]
-	} else {
+	} else if done < len(in) {
 		v.wbuf = append(v.wbuf, in[done:]...)
 	}
 	if len(v.wbuf) == 0 && cap(v.wbuf) > keepBufferSize {

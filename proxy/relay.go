@@ -86,10 +86,9 @@ func (c *conn) fromClient(typ byte, n int) error {
 // passClientRun finds the client messages buffered whole that cross unchanged, at most
 // max of them, does their bookkeeping as fromClient would, and returns them, where the
 // reader holds them, and how many they are; the caller relays them upstream as one write
-// (relayRun). In a
-// rewriting session they are a Query or Parse whose text the prefilter or the
-// rewriter's cache finds needs nothing, and the Bind, Describe, Execute, Sync and Flush
-// of statements without hidden parameters. It stops at the first message that needs its
+// (relayRun). In a rewriting session they are a Query or Parse whose text the prefilter
+// or the rewriter's cache finds needs nothing, and the Bind, Describe, Execute, Sync and
+// Flush of statements without hidden parameters. It stops at the first message that needs its
 // handler and at one not buffered whole. An event loop calls it, so that a request costs
 // one pass over its bytes and one write rather than a handler call and a copy per
 // message.
@@ -352,9 +351,9 @@ func (c *conn) fromUpstream(typ byte, n int) (fatal bool, err error) {
 // most max of them: the rows, completions and ReadyForQuery of a statement that needed no
 // rewrite. It does their bookkeeping as fromUpstream would and returns them, where the
 // reader holds them, and how many they are; the caller relays them to the client as one
-// write (relayRun). It
-// stops at the first message whose handler must decode or change it (an ErrorResponse,
-// a ParameterStatus, a ParseComplete not to relay, say) and at one not buffered whole.
+// write (relayRun). It stops at the first message whose handler must decode or change it
+// (an ErrorResponse, a ParameterStatus, a ParseComplete not to relay, say) and at one not
+// buffered whole.
 func (c *conn) passUpstreamRun(max int) (run []byte, count int) {
 	r := &c.server.r
 	buf, _ := r.br.Peek(r.br.Buffered())

@@ -349,7 +349,7 @@ func (p *Pool[C]) expire(kp *keyPool[C]) {
 	kp.expiry = nil
 	now := p.clock.Now()
 	var next instant
-	armed := false
+	found := false // next is a waiter's deadline
 	for w := kp.waiters.head; w != nil; {
 		following := w.next
 		if deadline := w.since.Add(w.timeout); w.timeout > 0 {
@@ -358,13 +358,13 @@ func (p *Pool[C]) expire(kp *keyPool[C]) {
 				kp.waitTimeouts++
 				kp.waitTime += now.Sub(w.since)
 				w.finish(nil, waitTimeoutError(kp.key, w.timeout))
-			} else if !armed || deadline.Before(next) {
-				next, armed = deadline, true
+			} else if !found || deadline.Before(next) {
+				next, found = deadline, true
 			}
 		}
 		w = following
 	}
-	if armed && !p.closed {
+	if found && !p.closed {
 		p.armExpiryLocked(kp, next)
 	}
 }

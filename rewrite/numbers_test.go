@@ -1,6 +1,7 @@
 package rewrite
 
 import (
+	"math/rand/v2"
 	"strings"
 	"testing"
 )
@@ -60,13 +61,8 @@ func TestSameButNumbersMatchesDefinition(t *testing.T) {
 	}
 	pieces := []string{"1", "23", "456789012", "0", "a", "b", "SELECT ", "leaf_", "lea", "f_",
 		"insert", "orders", "orders2", " ", "=", "x", "é", "\x00", "12345678"}
-	seed := uint64(7)
-	next := func(n int) int { // xorshift: reproducible
-		seed ^= seed << 13
-		seed ^= seed >> 7
-		seed ^= seed << 17
-		return int(seed % uint64(n))
-	}
+	rng := rand.New(rand.NewPCG(7, 8)) // reproducible
+	next := rng.IntN
 	text := func() string {
 		var b strings.Builder
 		for range next(10) {

@@ -96,8 +96,8 @@ func (v *pooledConn) checkText(sql []byte) (queryVerdict, txWords) {
 	if w == (txWords{}) && len(sql) <= maxPlainText {
 		// Nothing to look at: a client that sends the same text again (most do), or
 		// the same but for its numbers, is spared the scan. No word of txWords has a
-		// digit in it, and a digit is next to a digit in both texts (see
-		// rewrite.SameButNumbers), so that they have the same words.
+		// digit in it, so that both texts have the same words, with the same kinds of
+		// bytes beside them (see rewrite.SameButNumbers).
 		v.plainText = append(v.plainText[:0], sql...)
 	}
 	if r := refusedInTransactionMode(sql, w); r != nil {

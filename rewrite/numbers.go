@@ -8,10 +8,11 @@ import "math/bits"
 // protocol of psql scripts, psycopg2, ORMs without server-side prepares) send such texts
 // again and again: "… WHERE id = 17" and "… WHERE id = 4242".
 //
-// No word the prefilter looks for has a digit in it, so two such texts have the same
-// words, where they stand next to the same kinds of bytes: a digit is next to a digit
-// (see PrefilteredWords). The texts are compared eight bytes at a time up to a
-// difference.
+// Between their numbers two such texts have the same bytes, and each number of one
+// stands where the other has a number. No word the prefilter looks for has a digit in it,
+// so each lies between numbers, and the two texts have the same words, each with a digit
+// beside it in one text where the other has one too (see PrefilteredWords). The texts
+// are compared eight bytes at a time up to a difference.
 func SameButNumbers[A, B string | []byte](a A, b B) bool {
 	i, j := 0, 0
 	for {

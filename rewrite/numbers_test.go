@@ -74,9 +74,10 @@ func TestSameButNumbersMatchesDefinition(t *testing.T) {
 	for range 200000 {
 		a := text()
 		b := a
-		if next(2) == 0 {
+		switch next(3) {
+		case 0:
 			b = text()
-		} else {
+		case 1:
 			// The same text with its numbers changed.
 			var nb strings.Builder
 			for i := 0; i < len(a); i++ {
@@ -90,6 +91,18 @@ func TestSameButNumbersMatchesDefinition(t *testing.T) {
 				nb.WriteByte(a[i])
 			}
 			b = nb.String()
+		case 2:
+			// The same text with other digits in its numbers, or a byte changed.
+			nb := []byte(a)
+			for i := range nb {
+				if isDigit(nb[i]) {
+					nb[i] = '0' + byte(next(10))
+				}
+			}
+			if len(nb) > 0 && next(4) == 0 {
+				nb[next(len(nb))] = "1a \x00"[next(4)]
+			}
+			b = string(nb)
 		}
 		want := canon(a) == canon(b)
 		if got := SameButNumbers(a, b); got != want {

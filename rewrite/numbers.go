@@ -33,7 +33,7 @@ func SameButNumbers[A, B string | []byte](a A, b B) bool {
 		}
 		// A difference, or the end of one text or both: it must be inside a number of
 		// each, whose digits are passed over.
-		inNumber := i > 0 && isDigit(a[i-1]) // a[i-1] == b[j-1]
+		inNumber := i > 0 && isDigit(a[i-1]) // so is b[j-1], equal to it or the end of a number too
 		aDigit := i < len(a) && isDigit(a[i])
 		bDigit := j < len(b) && isDigit(b[j])
 		if !(inNumber && (aDigit || bDigit)) && !(aDigit && bDigit) {

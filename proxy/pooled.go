@@ -48,10 +48,9 @@ func ParsePoolMode(s string) (PoolMode, error) {
 // the first session that needs it.
 type pooling struct {
 	mu     sync.Mutex
-	pool   *pool.Pool[*physConn]
 	closed bool
-	// made is pool once made, for the borrows, which read it without mu.
-	made atomic.Pointer[pool.Pool[*physConn]]
+	// pool is the pool once made: set under mu, and read without it by the borrows.
+	pool atomic.Pointer[pool.Pool[*physConn]]
 	lot  *parkLot // the parked sessions (park.go); nil before the first
 	// bare counts the sessions on event loops that gave their buffers back while quiet
 	// (txloop_linux.go): parked too, without a lot.
@@ -112,13 +111,13 @@ func (s *Server) poolKey(addr, database, user string, front *pgauth.Login) pool.
 
 // serverPool returns the pool of server connections, creating it on first use.
 func (s *Server) serverPool() (*pool.Pool[*physConn], error) {
-	if p := s.pooling.made.Load(); p != nil {
+	if p := s.pooling.pool.Load(); p != nil {
 		return p, nil
 	}
 	s.pooling.mu.Lock()
 	defer s.pooling.mu.Unlock()
-	if s.pooling.pool != nil {
-		return s.pooling.pool, nil
+	if p := s.pooling.pool.Load(); p != nil {
+		return p, nil
 	}
 	if s.pooling.closed {
 		return nil, pool.ErrClosed
@@ -127,8 +126,7 @@ func (s *Server) serverPool() (*pool.Pool[*physConn], error) {
 	if err != nil {
 		return nil, err
 	}
-	s.pooling.pool = p
-	s.pooling.made.Store(p)
+	s.pooling.pool.Store(p)
 	return p, nil
 }
 
@@ -152,7 +150,7 @@ func (s *Server) poolSettings(settings pool.Settings) pool.Settings {
 
 // existingPool returns the pool of server connections, nil before the first pooled
 // session.
-func (s *Server) existingPool() *pool.Pool[*physConn] { return s.pooling.made.Load() }
+func (s *Server) existingPool() *pool.Pool[*physConn] { return s.pooling.pool.Load() }
 
 // PoolStats returns the figures of every pool of server connections (transaction mode);
 // nil before the first pooled session.
@@ -171,8 +169,8 @@ func (s *Server) ReloadPooling(settings pool.Settings) error {
 	s.pooling.mu.Lock()
 	defer s.pooling.mu.Unlock()
 	settings = s.poolSettings(settings)
-	if s.pooling.pool != nil {
-		if err := s.pooling.pool.Reload(settings); err != nil {
+	if p := s.pooling.pool.Load(); p != nil {
+		if err := p.Reload(settings); err != nil {
 			return err
 		}
 	}
@@ -184,7 +182,7 @@ func (s *Server) ReloadPooling(settings pool.Settings) error {
 // afterwards.
 func (s *Server) closePool() {
 	s.pooling.mu.Lock()
-	p := s.pooling.pool
+	p := s.pooling.pool.Load()
 	s.pooling.closed = true
 	s.pooling.mu.Unlock()
 	if p != nil {

@@ -22,7 +22,7 @@ func TestPlainMemo(t *testing.T) {
 	var m plainMemo
 	remember := func(sql string) {
 		t.Helper()
-		cleared, noWords := rw.PrefilteredWords(sql)
+		cleared, noWords := rw.Prefiltered(sql)
 		if !cleared {
 			t.Fatalf("the prefilter does not clear %q", sql)
 		}
@@ -48,7 +48,7 @@ func TestPlainMemo(t *testing.T) {
 	check("INSERT INTO orders1 (n) VALUES (1)", true)
 	check("INSERT INTO orders1 (n) VALUES (2)", false) // has insert: only the same text
 	check("INSERT INTO orders2 (n) VALUES (1)", false)
-	if rw.Prefiltered("INSERT INTO orders2 (n) VALUES (1)") {
+	if cleared, _ := rw.Prefiltered("INSERT INTO orders2 (n) VALUES (1)"); cleared {
 		t.Fatal("the prefilter clears an INSERT into a filled table")
 	}
 }

@@ -188,7 +188,7 @@ func (c *conn) needsNothing(sql string, memo *plainMemo) bool {
 	if memo != nil && memo.clears(rw, sql) {
 		return true
 	}
-	if cleared, noWords := rw.PrefilteredWords(sql); cleared {
+	if cleared, noWords := rw.Prefiltered(sql); cleared {
 		if memo != nil {
 			memo.remember(rw, sql, noWords)
 		}
@@ -216,13 +216,13 @@ const maxPlainMemo = 512
 // clears reports whether sql is the text last remembered for rw, or the same but for
 // its numbers when that text has none of the prefilter's words.
 func (m *plainMemo) clears(rw *rewrite.Rewriter, sql string) bool {
-	if m.rw != rw {
+	switch {
+	case m.rw != rw:
 		return false
+	case m.noWords:
+		return rewrite.SameButNumbers(m.text, sql)
 	}
-	if len(sql) == len(m.text) && string(m.text) == sql {
-		return true // one comparison of the bytes, however long the text
-	}
-	return m.noWords && rewrite.SameButNumbers(m.text, sql)
+	return string(m.text) == sql
 }
 
 // remember keeps sql, which rw's prefilter cleared; noWords: sql has none of the

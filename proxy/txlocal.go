@@ -1,8 +1,6 @@
 package proxy
 
 import (
-	"bytes"
-
 	pg_query "github.com/pganalyze/pg_query_go/v6"
 
 	"github.com/leafproxy/leafproxy/internal/sqlstate"
@@ -89,7 +87,7 @@ func (v *pooledConn) checkParse(body []byte) queryVerdict {
 // the refusal, if any, and what the pass found; it notes the custom settings the text
 // sets. Called with mu held.
 func (v *pooledConn) checkText(sql []byte) (queryVerdict, txWords) {
-	if len(sql) <= maxPlainText && (bytes.Equal(sql, v.plainText) || rewrite.SameButNumbers(v.plainText, sql)) {
+	if len(sql) <= maxPlainText && rewrite.SameButNumbers(v.plainText, sql) {
 		return queryVerdict{}, txWords{}
 	}
 	w := scanTxWords(sql)

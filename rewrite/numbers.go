@@ -9,13 +9,20 @@ import "math/bits"
 // again and again: "… WHERE id = 17" and "… WHERE id = 4242".
 //
 // Between their numbers two such texts have the same bytes, and each number of one
-// stands where the other has a number. No word the prefilter looks for has a digit in it,
-// so each lies between numbers, and the two texts have the same words, each with a digit
-// beside it in one text where the other has one too (see PrefilteredWords). The texts
-// are compared eight bytes at a time up to a difference.
+// stands where the other has a number. No word the prefilter looks for has a digit in
+// it, so each lies between numbers, and the two texts have the same words, each with a
+// digit beside it in one text where the other has one too (see Rewriter.Prefiltered).
+// Texts of one length are compared as they are, then eight bytes at a time for
+// differences only where both have a digit; other texts, eight bytes at a time up to
+// each difference, where the runs of digits are passed over.
 func SameButNumbers[A, B string | []byte](a A, b B) bool {
-	if len(a) == len(b) && len(a) >= 8 && differInDigits(a, b) {
-		return true // the common case: the numbers have as many digits as before
+	if len(a) == len(b) {
+		if string(a) == string(b) {
+			return true // one comparison of the bytes, however long the texts
+		}
+		if len(a) >= 8 && differInDigits(a, b) {
+			return true // the common case: the numbers have as many digits as before
+		}
 	}
 	i, j := 0, 0
 	for {
@@ -101,11 +108,3 @@ func skipDigits[T string | []byte](s T, i int) int {
 // leadingDigits returns how many of the bytes of w, from its first (least significant)
 // on, are ASCII digits.
 func leadingDigits(w uint64) int { return bits.TrailingZeros64(notDigitBytes(w)) / 8 }
-
-// word returns the eight bytes of s from i as a little-endian word; eight bytes must be
-// there.
-func word[T string | []byte](s T, i int) uint64 {
-	b := s[i : i+8]
-	return uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
-		uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
-}

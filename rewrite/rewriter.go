@@ -202,18 +202,15 @@ func (r *Rewriter) Cached(sql string) (p *Plan, ok bool, err error) {
 	return nil, false, nil
 }
 
-// Prefiltered reports whether the prefilter alone finds that sql needs nothing,
-// so that Plan returns (nil, nil) for it. The answer depends on the text and on
-// the Rewriter's settings only, never on its caches or the catalog: a caller may
-// remember it for as long as it uses this Rewriter.
-func (r *Rewriter) Prefiltered(sql string) bool { return !r.mayNeed(sql) }
-
-// PrefilteredWords is Prefiltered, and also reports whether sql has none of the
-// prefilter's words at all, not even insert, merge or copy (noWords): then sql
-// needs nothing whatever tables are filled, and so does every text that is the
-// same but for its numbers (see SameButNumbers), which a caller may clear by
-// comparing it with sql rather than by a scan.
-func (r *Rewriter) PrefilteredWords(sql string) (cleared, noWords bool) {
+// Prefiltered reports whether the prefilter alone finds that sql needs nothing
+// (cleared), so that Plan returns (nil, nil) for it. The answer depends on the text
+// and on the Rewriter's settings only, never on its caches or the catalog: a caller
+// may remember it for as long as it uses this Rewriter. noWords: sql has none of the
+// prefilter's words at all, not even insert, merge or copy; then it needs nothing
+// whatever tables are filled, and so does every text that is the same but for its
+// numbers (see SameButNumbers), which a caller may clear by comparing it with sql
+// rather than by a scan.
+func (r *Rewriter) Prefiltered(sql string) (cleared, noWords bool) {
 	need, writes := r.prefilter(sql)
 	return !need, !need && !writes
 }
@@ -248,9 +245,7 @@ func (r *Rewriter) prefilter(sql string) (need, writes bool) {
 		}
 		var w uint64
 		if len(sql)-start >= 8 {
-			b := sql[start : start+8]
-			w = uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
-				uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
+			w = word(sql, start)
 		} else {
 			w = loadTail(sql, start)
 		}
@@ -340,6 +335,14 @@ var (
 	kwMerge      = newFoldWord("merge")
 	kwCopy       = newFoldWord("copy")
 )
+
+// word returns the eight bytes of s from i as a little-endian word; eight bytes must be
+// there.
+func word[T string | []byte](s T, i int) uint64 {
+	b := s[i : i+8]
+	return uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
+		uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
+}
 
 // loadTail returns the last bytes of s from i, fewer than eight, as a
 // little-endian word padded with zero bytes (which no keyword has).

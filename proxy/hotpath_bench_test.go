@@ -84,7 +84,7 @@ func passExchange(b testing.TB, c *conn, clientMsgs, upstreamMsgs int) {
 	for left := clientMsgs; left > 0; {
 		// A loop has read the socket (whole) before it passes messages on.
 		_, _ = c.cr.br.Peek(5)
-		run, k := c.passClientRun(left, &benchMemo)
+		run, k, _ := c.passClientRun(left, &benchMemo)
 		relayRun(&c.cr, c.server.w, run)
 		if k > 0 {
 			left -= k

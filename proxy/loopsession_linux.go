@@ -415,10 +415,11 @@ func (ls *loopSession) process() {
 				var run []byte
 				var k int
 				if side == &ls.client {
-					run, k = c.passClientRun(budget, &ls.loop.plain)
+					var byMemo bool
+					run, k, byMemo = c.passClientRun(budget, &ls.loop.plain)
 					if ls.tx == nil {
 						ls.relayRun(&c.cr, c.server.w, &ls.upstream, run)
-					} else if err := ls.relayToPool(run); err != nil {
+					} else if err := ls.relayToPool(run, byMemo && ls.loop.plain.freeOfTxWords()); err != nil {
 						c.tellClient(sqlstate.ConnectionFailure, "server closed the connection unexpectedly")
 						ls.finish()
 						return
@@ -558,16 +559,18 @@ func (ls *loopSession) relayRun(r *msgReader, w *bufio.Writer, to *loopEnd, run 
 // cleared to pass), to the session's pooledConn in transaction mode, which looks at each
 // on its way to whichever connection the session borrows. When the run is all the reader
 // holds and nothing waits in the writer, the pooledConn takes it from the reader's buffer
-// itself; otherwise it joins the writer, flushed when the reader holds nothing more. It
-// returns the error the handlers would have met writing them.
-func (ls *loopSession) relayToPool(run []byte) error {
+// itself; otherwise it joins the writer, flushed when the reader holds nothing more.
+// textsFree: no Query or Parse in run has any of the words transaction mode looks for,
+// which the pooledConn then need not look for. It returns the error the handlers would
+// have met writing them.
+func (ls *loopSession) relayToPool(run []byte, textsFree bool) error {
 	if len(run) == 0 {
 		return nil
 	}
 	r, w := &ls.c.cr, ls.c.server.w
 	var err error
 	if w.Buffered() == 0 && r.br.Buffered() == len(run) {
-		_, err = ls.tx.Write(run)
+		_, err = ls.tx.write(run, textsFree)
 	} else if _, err = w.Write(run); err == nil && r.br.Buffered() == len(run) {
 		err = w.Flush()
 	}

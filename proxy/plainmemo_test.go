@@ -52,3 +52,35 @@ func TestPlainMemo(t *testing.T) {
 		t.Fatal("the prefilter clears an INSERT into a filled table")
 	}
 }
+
+// TestPlainMemoTxWords checks what the memo says of transaction mode's words: whether
+// the text it holds now has any, looked at again for each text it remembers.
+func TestPlainMemoTxWords(t *testing.T) {
+	rw, err := rewrite.New(rewrite.Settings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m plainMemo
+	for _, c := range []struct {
+		sql  string
+		free bool
+	}{
+		{"SELECT abalance FROM pgbench_accounts WHERE aid = 871254", true},
+		{"SELECT pg_advisory_lock(1)", false},
+		{"SELECT 1", true},
+		{"LISTEN channel", false},
+		{"SET app.tenant = 7", false},
+		{"SELECT 2", true},
+	} {
+		cleared, noWords := rw.Prefiltered(c.sql)
+		if !cleared {
+			t.Fatalf("the prefilter does not clear %q", c.sql)
+		}
+		m.remember(rw, c.sql, noWords)
+		for range 2 { // the second answer is the one remembered
+			if got := m.freeOfTxWords(); got != c.free {
+				t.Errorf("freeOfTxWords() after %q = %v, want %v", c.sql, got, c.free)
+			}
+		}
+	}
+}

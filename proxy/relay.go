@@ -91,8 +91,10 @@ func (c *conn) fromClient(typ byte, n int) error {
 // Flush of statements without hidden parameters. It stops at the first message that needs its
 // handler and at one not buffered whole. An event loop calls it, so that a request costs
 // one pass over its bytes and one write rather than a handler call and a copy per
-// message.
-func (c *conn) passClientRun(max int, memo *plainMemo) (run []byte, count int) {
+// message. byMemo reports that memo cleared the text of every Query and Parse in the run
+// by comparing it with the text memo holds (see plainMemo.clears), which is then the
+// same for them all.
+func (c *conn) passClientRun(max int, memo *plainMemo) (run []byte, count int, byMemo bool) {
 	r := &c.cr
 	buf, _ := r.br.Peek(r.br.Buffered())
 	rewriting := c.srv.Rewriter != nil
@@ -101,7 +103,7 @@ func (c *conn) passClientRun(max int, memo *plainMemo) (run []byte, count int) {
 		c.sess.mu.Lock()
 		defer c.sess.mu.Unlock()
 	}
-	off, count := 0, 0
+	off, count, byMemo := 0, 0, rewriting
 	for count < max {
 		typ, end, ok := wholeAt(buf, off, r.maxBody)
 		if !ok {
@@ -110,34 +112,43 @@ func (c *conn) passClientRun(max int, memo *plainMemo) (run []byte, count int) {
 		if !rewriting {
 			switch typ {
 			case clientTerminate:
-				return buf[:off], count
+				return buf[:off], count, false
 			case clientQuery, clientSync, clientFunctionCall:
 				c.pending.Add(1)
 			}
-		} else if !c.passesRewritingLocked(typ, buf[off+5:end], memo) {
-			break
+		} else {
+			passes, memoed := c.passesRewritingLocked(typ, buf[off+5:end], memo)
+			if !passes {
+				break
+			}
+			byMemo = byMemo && memoed
 		}
 		off = end
 		count++
 	}
-	return buf[:off], count
+	return buf[:off], count, byMemo
 }
 
 // passesRewritingLocked does the bookkeeping of a client message of a rewriting session
 // that crosses unchanged, reporting false, having done nothing, when the message needs
-// its handler (see passClientRun). The session's lock is held.
-func (c *conn) passesRewritingLocked(typ byte, body []byte, memo *plainMemo) bool {
+// its handler (see passClientRun). byMemo reports that the message has no text, or that
+// memo cleared its text by comparison. The session's lock is held.
+func (c *conn) passesRewritingLocked(typ byte, body []byte, memo *plainMemo) (passes, byMemo bool) {
 	ss := &c.sess
 	if ss.skip || ss.copyIn != nil || ss.local != nil || ss.localStmt != nil || len(ss.stmts) > 0 {
 		// A refusal to skip past, a COPY whose rows get keys, a cycle answered locally,
 		// or statements with hidden parameters: the handlers know.
-		return false
+		return false, false
 	}
+	byMemo = true
 	switch typ {
 	case clientQuery:
 		sql, rest, ok := cStringView(body)
-		if !ok || len(rest) != 0 || !c.needsNothing(sql, memo) {
-			return false
+		if !ok || len(rest) != 0 {
+			return false, false
+		}
+		if passes, byMemo = c.needsNothing(sql, memo); !passes {
+			return false, false
 		}
 		// As onQuery, then forwardQuery: no unnamed statement is left, and the Query
 		// ends any open cycle.
@@ -148,8 +159,11 @@ func (c *conn) passesRewritingLocked(typ byte, body []byte, memo *plainMemo) boo
 	case clientParse:
 		name, rest, ok1 := cStringView(body)
 		sql, rest, ok2 := cStringView(rest)
-		if !ok1 || !ok2 || !isParamTypes(rest) || !c.needsNothing(sql, memo) {
-			return false
+		if !ok1 || !ok2 || !isParamTypes(rest) {
+			return false, false
+		}
+		if passes, byMemo = c.needsNothing(sql, memo); !passes {
+			return false, false
 		}
 		// As handleParse, then forwardParse, with nothing to undo: no statement of
 		// that name is remembered.
@@ -161,7 +175,7 @@ func (c *conn) passesRewritingLocked(typ byte, body []byte, memo *plainMemo) boo
 		cy.undo = append(cy.undo, undoEntry{noop: true, confirm: serverParseComplete})
 	case clientDescribe:
 		if len(body) == 0 {
-			return false
+			return false, false
 		}
 		cy := ss.openLocked()
 		cy.sent++
@@ -176,26 +190,27 @@ func (c *conn) passesRewritingLocked(typ byte, body []byte, memo *plainMemo) boo
 		c.pending.Add(1)
 	case clientFlush:
 	default:
-		return false
+		return false, false
 	}
-	return true
+	return true, byMemo
 }
 
 // needsNothing reports whether the rewriter answers at once that sql needs no rewrite:
-// memo (if any) or its prefilter, or its cache of texts, says so.
-func (c *conn) needsNothing(sql string, memo *plainMemo) bool {
+// memo (if any) or its prefilter, or its cache of texts, says so; byMemo: memo's
+// comparison said so.
+func (c *conn) needsNothing(sql string, memo *plainMemo) (ok, byMemo bool) {
 	rw := c.srv.rewriter()
 	if memo != nil && memo.clears(rw, sql) {
-		return true
+		return true, true
 	}
 	if cleared, noWords := rw.Prefiltered(sql); cleared {
 		if memo != nil {
 			memo.remember(rw, sql, noWords)
 		}
-		return true
+		return true, false
 	}
 	p, ok, err := rw.Cached(sql)
-	return ok && p == nil && err == nil
+	return ok && p == nil && err == nil, false
 }
 
 // plainMemo remembers the last text of a Query or Parse a rewriter's prefilter cleared,
@@ -203,11 +218,16 @@ func (c *conn) needsNothing(sql string, memo *plainMemo) bool {
 // execution, is cleared by comparing its bytes rather than by a scan; and, when the text
 // has none of the prefilter's words, a text the same but for its numbers, from clients
 // that put their values in their Queries (see rewrite.SameButNumbers). An event loop
-// keeps one for all its sessions.
+// keeps one for all its sessions. It also says, once per text, whether the text has any
+// of the words transaction mode looks for (scanTxWords), so that a pooled session need
+// not look again at a text the memo cleared (see pooledConn.checkText).
 type plainMemo struct {
 	rw      *rewrite.Rewriter
 	text    []byte
 	noWords bool
+	// txChecked: text has been looked at for transaction mode's words; txFree: it has
+	// none of them.
+	txChecked, txFree bool
 }
 
 // maxPlainMemo is the longest text a plainMemo remembers.
@@ -230,7 +250,19 @@ func (m *plainMemo) clears(rw *rewrite.Rewriter, sql string) bool {
 func (m *plainMemo) remember(rw *rewrite.Rewriter, sql string, noWords bool) {
 	if len(sql) <= maxPlainMemo {
 		m.rw, m.text, m.noWords = rw, append(m.text[:0], sql...), noWords
+		m.txChecked = false
 	}
+}
+
+// freeOfTxWords reports whether the remembered text has none of the words transaction
+// mode refuses or notes (scanTxWords). None of them has a digit in it, so neither has a
+// text the memo cleared when the remembered text has none (see rewrite.SameButNumbers).
+// The remembered text is looked at once.
+func (m *plainMemo) freeOfTxWords() bool {
+	if !m.txChecked {
+		m.txChecked, m.txFree = true, scanTxWords(m.text) == txWords{}
+	}
+	return m.txFree
 }
 
 // clientReadFailed ends the client side after a failed read. A client that just goes away

@@ -85,9 +85,10 @@ func (v *pooledConn) checkParse(body []byte) queryVerdict {
 
 // checkText makes one pass over the text of a Query or a Parse (scanTxWords): it returns
 // the refusal, if any, and what the pass found; it notes the custom settings the text
-// sets. Called with mu held.
+// sets. No pass is made when the text is known to have none of the words: textsFree, or
+// the same but for its numbers as plainText. Called with mu held.
 func (v *pooledConn) checkText(sql []byte) (queryVerdict, txWords) {
-	if len(sql) <= maxPlainText && rewrite.SameButNumbers(v.plainText, sql) {
+	if v.textsFree || len(sql) <= maxPlainText && rewrite.SameButNumbers(v.plainText, sql) {
 		return queryVerdict{}, txWords{}
 	}
 	w := scanTxWords(sql)

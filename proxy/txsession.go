@@ -205,6 +205,9 @@ type pooledConn struct {
 	// plainText is the last text of a Query or Parse in which scanTxWords found nothing
 	// (see checkText).
 	plainText []byte
+	// textsFree is set while handle handles messages whose texts are known to have none
+	// of the words checkText looks for (see write).
+	textsFree bool
 	// paramsKey stands for params, interned (see settingsKey).
 	paramsKey unique.Handle[string]
 	params    map[string]string // lower-case name → the client's value

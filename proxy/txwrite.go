@@ -21,7 +21,13 @@ import (
 // connection. On an event loop, messages that must wait for a connection wait in wbuf
 // (awaiting) until pump; and as nothing there blocks, nor runs the session meanwhile,
 // Write holds mu throughout, the write to the connection included.
-func (v *pooledConn) Write(p []byte) (int, error) {
+func (v *pooledConn) Write(p []byte) (int, error) { return v.write(p, false) }
+
+// write is Write; textsFree says that no Query or Parse in p, which holds whole messages
+// only, has any of the words transaction mode looks for (an event loop's memo of cleared
+// texts knows it, see relayToPool): checkText need not look for them while p is handled
+// where it is, with the session's lock held throughout.
+func (v *pooledConn) write(p []byte, textsFree bool) (int, error) {
 	v.mu.Lock()
 	if v.closed {
 		v.mu.Unlock()
@@ -47,6 +53,7 @@ func (v *pooledConn) Write(p []byte) (int, error) {
 		v.wbuf = append(v.wbuf, p...)
 		return len(p), v.handle(v.wbuf, true, held)
 	}
+	v.textsFree = textsFree && held
 	return len(p), v.handle(p, false, held)
 }
 
@@ -89,7 +96,7 @@ func (v *pooledConn) handle(in []byte, inBuf, held bool) error {
 			break
 		}
 		if err != nil {
-			v.runs = false
+			v.runs, v.textsFree = false, false
 			if !held {
 				v.mu.Unlock()
 			}
@@ -109,7 +116,7 @@ func (v *pooledConn) handle(in []byte, inBuf, held bool) error {
 		}
 		done += n
 	}
-	v.runs = false
+	v.runs, v.textsFree = false, false
 	if cap(out) <= keepBufferSize {
 		v.obuf = out[:0]
 	}

@@ -463,8 +463,8 @@ func (ls *loopSession) process() {
 			break
 		}
 	}
-	if ls.tx != nil || c.cw.Buffered() > 0 || c.server.w.Buffered() > 0 {
-		ls.flushWriters() // in session mode, only when a handler left output
+	if !ls.bare && (c.cw.Buffered() > 0 || c.server.w.Buffered() > 0) {
+		ls.flushWriters() // only when a handler left output
 	}
 	if !ls.settle(budget) || ls.out == nil {
 		return

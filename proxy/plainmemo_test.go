@@ -40,6 +40,18 @@ func TestPlainMemo(t *testing.T) {
 	check("SELECT abalance FROM pgbench_accounts WHERE aid = 3", true)
 	check("SELECT abalance FROM pgbench_accounts WHERE aid = leaf_next('order')", false)
 	check("SELECT abalance FROM pgbench_accounts WHERE aid = 3 OR aid = 4", false)
+	// A text with a number of another length is remembered instead.
+	if got, want := string(m.text), "SELECT abalance FROM pgbench_accounts WHERE aid = 3"; got != want {
+		t.Errorf("after clearing %q, the memo holds %q", want, got)
+	}
+	check("SELECT abalance FROM pgbench_accounts WHERE aid = 871254", true)
+	if got, want := string(m.text), "SELECT abalance FROM pgbench_accounts WHERE aid = 871254"; got != want {
+		t.Errorf("after clearing %q, the memo holds %q", want, got)
+	}
+	check("SELECT abalance FROM pgbench_accounts WHERE aid = 171254", true)
+	if got, want := string(m.text), "SELECT abalance FROM pgbench_accounts WHERE aid = 871254"; got != want {
+		t.Errorf("a text with a number of the same length replaced the memo's: it holds %q", got)
+	}
 	if m.clears(other, "SELECT abalance FROM pgbench_accounts WHERE aid = 871254") {
 		t.Error("a text remembered for one rewriter is cleared for another")
 	}

@@ -234,15 +234,25 @@ type plainMemo struct {
 const maxPlainMemo = 512
 
 // clears reports whether sql is the text last remembered for rw, or the same but for
-// its numbers when that text has none of the prefilter's words.
+// its numbers when that text has none of the prefilter's words. A text whose numbers
+// have other lengths than the remembered text's is remembered instead: texts of one
+// length are compared faster (see rewrite.SameButNumbers), and the next text more
+// likely has the lengths of this one than those of an older one.
 func (m *plainMemo) clears(rw *rewrite.Rewriter, sql string) bool {
 	switch {
 	case m.rw != rw:
 		return false
-	case m.noWords:
+	case !m.noWords:
+		return string(m.text) == sql
+	case len(m.text) == len(sql):
 		return rewrite.SameButNumbers(m.text, sql)
+	case rewrite.SameButNumbers(m.text, sql):
+		// As remember would keep it: it has the same words, none, as the text it
+		// replaces, and so none of transaction mode's either when that one has none.
+		m.text = append(m.text[:0], sql...)
+		return true
 	}
-	return string(m.text) == sql
+	return false
 }
 
 // remember keeps sql, which rw's prefilter cleared; noWords: sql has none of the

@@ -58,14 +58,25 @@ func isDigit(c byte) bool { return c-'0' < 10 }
 // places; when it reports false, they may still be the same but for numbers of other
 // lengths.
 func differInDigits[A, B string | []byte](a A, b B) bool {
-	for i := 0; i < len(a); i += 8 {
-		at := min(i, len(a)-8)
-		wa, wb := word(a, at), word(b, at)
-		if d := wa ^ wb; d != 0 && nonZeroBytes(d)&^(digitBytes(wa)&digitBytes(wb)) != 0 {
+	n := len(a)
+	b = b[:n]
+	i := 0
+	for ; i <= n-8; i += 8 {
+		if wa, wb := word(a, i), word(b, i); wa != wb && !onlyDigitsDiffer(wa, wb) {
 			return false
 		}
 	}
-	return true
+	if i == n {
+		return true
+	}
+	wa, wb := word(a, n-8), word(b, n-8)
+	return wa == wb || onlyDigitsDiffer(wa, wb)
+}
+
+// onlyDigitsDiffer reports whether the words wa and wb differ only in bytes where both
+// have a digit.
+func onlyDigitsDiffer(wa, wb uint64) bool {
+	return nonZeroBytes(wa^wb)&^(digitBytes(wa)&digitBytes(wb)) == 0
 }
 
 const (

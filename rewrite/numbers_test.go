@@ -123,15 +123,23 @@ func TestSameButNumbersMatchesDefinition(t *testing.T) {
 	}
 }
 
-// BenchmarkSameButNumbers compares two of pgbench's select-only texts in the simple
-// protocol, as a loop's memo does for each of them.
+// BenchmarkSameButNumbers compares pgbench's select-only texts as a loop's memo does for
+// each of them: in the simple protocol, with numbers of the same length (most of them)
+// and of another; in the extended protocol, the very same text.
 func BenchmarkSameButNumbers(b *testing.B) {
 	x := []byte("SELECT abalance FROM pgbench_accounts WHERE aid = 871254;")
-	y := "SELECT abalance FROM pgbench_accounts WHERE aid = 3361;"
-	for b.Loop() {
-		if !SameButNumbers(x, y) {
-			b.Fatal("not the same")
-		}
+	for _, c := range []struct{ name, y string }{
+		{"same-length", "SELECT abalance FROM pgbench_accounts WHERE aid = 336112;"},
+		{"other-length", "SELECT abalance FROM pgbench_accounts WHERE aid = 3361;"},
+		{"equal", "SELECT abalance FROM pgbench_accounts WHERE aid = 871254;"},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			for b.Loop() {
+				if !SameButNumbers(x, c.y) {
+					b.Fatal("not the same")
+				}
+			}
+		})
 	}
 }
 

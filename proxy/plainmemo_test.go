@@ -40,18 +40,31 @@ func TestPlainMemo(t *testing.T) {
 	check("SELECT abalance FROM pgbench_accounts WHERE aid = 3", true)
 	check("SELECT abalance FROM pgbench_accounts WHERE aid = leaf_next('order')", false)
 	check("SELECT abalance FROM pgbench_accounts WHERE aid = 3 OR aid = 4", false)
-	// A text with a number of another length is remembered instead.
-	if got, want := string(m.text), "SELECT abalance FROM pgbench_accounts WHERE aid = 3"; got != want {
-		t.Errorf("after clearing %q, the memo holds %q", want, got)
+	// Two texts in a row with numbers of another length: the second is remembered
+	// instead; a text of the remembered length between them keeps it.
+	holds := func(want string) {
+		t.Helper()
+		if got := string(m.text); got != want {
+			t.Errorf("the memo holds %q, want %q", got, want)
+		}
 	}
-	check("SELECT abalance FROM pgbench_accounts WHERE aid = 871254", true)
-	if got, want := string(m.text), "SELECT abalance FROM pgbench_accounts WHERE aid = 871254"; got != want {
-		t.Errorf("after clearing %q, the memo holds %q", want, got)
-	}
+	six := "SELECT abalance FROM pgbench_accounts WHERE aid = 871254"
+	remember(six)
+	check("SELECT abalance FROM pgbench_accounts WHERE aid = 3", true)
+	holds(six)
 	check("SELECT abalance FROM pgbench_accounts WHERE aid = 171254", true)
-	if got, want := string(m.text), "SELECT abalance FROM pgbench_accounts WHERE aid = 871254"; got != want {
-		t.Errorf("a text with a number of the same length replaced the memo's: it holds %q", got)
-	}
+	check("SELECT abalance FROM pgbench_accounts WHERE aid = 4", true)
+	holds(six)
+	check("SELECT abalance FROM pgbench_accounts WHERE aid = 5", true)
+	holds("SELECT abalance FROM pgbench_accounts WHERE aid = 5")
+	check(six, true)
+	holds("SELECT abalance FROM pgbench_accounts WHERE aid = 5")
+	check("SELECT abalance FROM pgbench_accounts WHERE aid = 9", true)
+	check("SELECT abalance FROM pgbench_accounts WHERE aid = 3 OR aid = 4", false)
+	check(six, true)
+	holds("SELECT abalance FROM pgbench_accounts WHERE aid = 5")
+	check(six, true)
+	holds(six)
 	if m.clears(other, "SELECT abalance FROM pgbench_accounts WHERE aid = 871254") {
 		t.Error("a text remembered for one rewriter is cleared for another")
 	}

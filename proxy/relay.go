@@ -228,16 +228,18 @@ type plainMemo struct {
 	// txChecked: text has been looked at for transaction mode's words; txFree: it has
 	// none of them.
 	txChecked, txFree bool
+	// otherLength: the last text cleared had another length than text.
+	otherLength bool
 }
 
 // maxPlainMemo is the longest text a plainMemo remembers.
 const maxPlainMemo = 512
 
 // clears reports whether sql is the text last remembered for rw, or the same but for
-// its numbers when that text has none of the prefilter's words. A text whose numbers
-// have other lengths than the remembered text's is remembered instead: texts of one
-// length are compared faster (see rewrite.SameButNumbers), and the next text more
-// likely has the lengths of this one than those of an older one.
+// its numbers when that text has none of the prefilter's words. Texts of one length are
+// compared faster (see rewrite.SameButNumbers): when two texts in a row cleared so have
+// another length than the remembered one, as when it has a number of few digits and most
+// have more, the second is remembered instead.
 func (m *plainMemo) clears(rw *rewrite.Rewriter, sql string) bool {
 	switch {
 	case m.rw != rw:
@@ -245,14 +247,18 @@ func (m *plainMemo) clears(rw *rewrite.Rewriter, sql string) bool {
 	case !m.noWords:
 		return string(m.text) == sql
 	case len(m.text) == len(sql):
+		m.otherLength = false
 		return rewrite.SameButNumbers(m.text, sql)
-	case rewrite.SameButNumbers(m.text, sql):
+	case !rewrite.SameButNumbers(m.text, sql):
+		return false
+	case m.otherLength:
 		// As remember would keep it: it has the same words, none, as the text it
 		// replaces, and so none of transaction mode's either when that one has none.
-		m.text = append(m.text[:0], sql...)
-		return true
+		m.text, m.otherLength = append(m.text[:0], sql...), false
+	default:
+		m.otherLength = true
 	}
-	return false
+	return true
 }
 
 // remember keeps sql, which rw's prefilter cleared; noWords: sql has none of the
@@ -260,7 +266,7 @@ func (m *plainMemo) clears(rw *rewrite.Rewriter, sql string) bool {
 func (m *plainMemo) remember(rw *rewrite.Rewriter, sql string, noWords bool) {
 	if len(sql) <= maxPlainMemo {
 		m.rw, m.text, m.noWords = rw, append(m.text[:0], sql...), noWords
-		m.txChecked = false
+		m.txChecked, m.otherLength = false, false
 	}
 }
 

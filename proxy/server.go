@@ -134,6 +134,8 @@ type Server struct {
 	pooling    pooling
 	welcomes   sync.Map  // pool.Key → *welcome: what new clients of a pool are told (txstartup.go)
 	authConns  authConns // idle connections of the auth query (authquery.go)
+	// keyExchanges remembers the key exchange each upstream chose (keyexchange.go).
+	keyExchanges keyExchanges
 
 	// Goroutines that wait for a new connection to serve (see startConn).
 	workersOnce, stopOnce sync.Once

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"time"
 )
 
 // SSLMode says whether and how the proxy encrypts its connections to the upstream
@@ -57,6 +58,21 @@ func upstreamNetwork(addr string) string {
 func (s *Server) dialUpstream(ctx context.Context, addr string) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.dialTimeout())
 	defer cancel()
+	offer := s.keyExchanges.offer(addr, time.Now())
+	c, err := s.dialUpstreamOffering(ctx, addr, offer)
+	var hs *handshakeError
+	if offer != 0 && errors.As(err, &hs) {
+		// The server no longer takes the key exchange it chose before (see
+		// keyexchange.go): a new connection offers them all.
+		s.keyExchanges.forget(addr)
+		return s.dialUpstreamOffering(ctx, addr, 0)
+	}
+	return c, err
+}
+
+// dialUpstreamOffering is dialUpstream, offering the key exchange offer alone in a TLS
+// handshake, or every one when offer is 0.
+func (s *Server) dialUpstreamOffering(ctx context.Context, addr string, offer tls.CurveID) (net.Conn, error) {
 	d := net.Dialer{}
 	network := upstreamNetwork(addr)
 	c, err := d.DialContext(ctx, network, addr)
@@ -71,7 +87,7 @@ func (s *Server) dialUpstream(ctx context.Context, addr string) (net.Conn, error
 	if mode == SSLDisable || network == "unix" {
 		return c, nil
 	}
-	tc, err := s.startUpstreamTLS(ctx, c, mode, addr)
+	tc, err := s.startUpstreamTLS(ctx, c, mode, addr, offer)
 	if err != nil {
 		c.Close()
 		return nil, err
@@ -79,7 +95,13 @@ func (s *Server) dialUpstream(ctx context.Context, addr string) (net.Conn, error
 	return tc, nil
 }
 
-func (s *Server) startUpstreamTLS(ctx context.Context, c net.Conn, mode SSLMode, addr string) (net.Conn, error) {
+// handshakeError is a failed TLS handshake with the upstream.
+type handshakeError struct{ err error }
+
+func (e *handshakeError) Error() string { return "TLS handshake with upstream: " + e.err.Error() }
+func (e *handshakeError) Unwrap() error { return e.err }
+
+func (s *Server) startUpstreamTLS(ctx context.Context, c net.Conn, mode SSLMode, addr string, offer tls.CurveID) (net.Conn, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		_ = c.SetDeadline(dl)
 		defer c.SetDeadline(noDeadline)
@@ -106,9 +128,16 @@ func (s *Server) startUpstreamTLS(ctx context.Context, c net.Conn, mode SSLMode,
 	default:
 		return nil, fmt.Errorf("upstream answered SSLRequest with %q", resp[0])
 	}
-	tc := tls.Client(&tlsTransport{Conn: c}, s.upstreamTLSConfig(mode, addr))
+	cfg := s.upstreamTLSConfig(mode, addr)
+	if offer != 0 {
+		cfg.CurvePreferences = []tls.CurveID{offer}
+	}
+	tc := tls.Client(&tlsTransport{Conn: c}, cfg)
 	if err := tc.HandshakeContext(ctx); err != nil {
-		return nil, fmt.Errorf("TLS handshake with upstream: %w", err)
+		return nil, &handshakeError{err}
+	}
+	if offer == 0 {
+		s.keyExchanges.learn(addr, tc.ConnectionState().CurveID, time.Now())
 	}
 	return tc, nil
 }

@@ -58,14 +58,8 @@ type tlsOnlyServer struct {
 
 func startTLSOnlyServer(t *testing.T, curves ...tls.CurveID) *tlsOnlyServer {
 	t.Helper()
-	certs, err := testenv.WriteCertificates(t.TempDir(), "localhost")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := tls.LoadX509KeyPair(certs.CertFile, certs.KeyFile)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, _ := proxyCertificate(t)
+	cert := cfg.Certificates[0]
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

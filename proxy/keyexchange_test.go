@@ -16,7 +16,8 @@ import (
 )
 
 // TestKeyExchangesRemember checks what is offered after what was learned: the choice of
-// the address's server alone, until keyExchangeRelearn has passed or it is forgotten.
+// the address's server alone, until keyExchangeRelearn has passed; after a failure, all
+// of them, and nothing learned, for keyExchangeRelearn.
 func TestKeyExchangesRemember(t *testing.T) {
 	var k keyExchanges
 	now := time.Now()
@@ -33,9 +34,18 @@ func TestKeyExchangesRemember(t *testing.T) {
 	if got := k.offer("db:5432", now.Add(keyExchangeRelearn)); got != 0 {
 		t.Fatalf("offer after %v = %v, want 0 (all)", keyExchangeRelearn, got)
 	}
-	k.forget("db:5432")
+	k.learn("db:5432", tls.CurveP256, now)
+	k.failed("db:5432", now)
 	if got := k.offer("db:5432", now); got != 0 {
-		t.Fatalf("offer after forget = %v, want 0 (all)", got)
+		t.Fatalf("offer after a failure = %v, want 0 (all)", got)
+	}
+	k.learn("db:5432", tls.X25519, now.Add(time.Second))
+	if got := k.offer("db:5432", now.Add(time.Second)); got != 0 {
+		t.Fatalf("offer after a failure and a handshake = %v, want 0 (all)", got)
+	}
+	k.learn("db:5432", tls.X25519, now.Add(keyExchangeRelearn))
+	if got := k.offer("db:5432", now.Add(keyExchangeRelearn)); got != tls.X25519 {
+		t.Fatalf("offer %v after a failure = %v, want X25519", keyExchangeRelearn, got)
 	}
 	k.learn("db:5432", tls.CurveP256, now)
 	k.learn("db:5432", 0, now) // TLS 1.2's RSA key exchange: nothing to offer alone
@@ -154,7 +164,8 @@ func (h *helloCounter) Read(p []byte) (int, error) {
 // up to 17 does by default, the first connection offers Go's key exchanges and is asked
 // to start again (two ClientHellos); the next ones offer P-256 alone (one). When the
 // server then takes only X25519, the connection that offers P-256 fails its handshake and
-// a new one offers them all, so that the client gets its connection all the same.
+// a new one offers them all, so that the client gets its connection all the same; so do
+// the connections after it, for a while.
 func TestUpstreamKeyExchangeLearned(t *testing.T) {
 	srv := startTLSOnlyServer(t, tls.CurveP256)
 	addr := srv.l.Addr().String()

@@ -64,7 +64,7 @@ func (s *Server) dialUpstream(ctx context.Context, addr string) (net.Conn, error
 	if offer != 0 && errors.As(err, &hs) {
 		// The server no longer takes the key exchange it chose before (see
 		// keyexchange.go): a new connection offers them all.
-		s.keyExchanges.forget(addr)
+		s.keyExchanges.failed(addr, time.Now())
 		return s.dialUpstreamOffering(ctx, addr, 0)
 	}
 	return c, err

@@ -178,6 +178,11 @@ func (s *fdSink) shrink() {
 	}
 }
 
+// drained reports whether nothing is pending and shrink has nothing to give back.
+func (s *fdSink) drained() bool {
+	return len(s.pending) == 0 && cap(s.pending) <= loopOutputLimit
+}
+
 // loopConn stands in for a socket an event loop owns, in the fields of conn that hold the
 // connections: closing it asks the loop to end the session; nothing else may use it.
 type loopConn struct {

@@ -483,6 +483,9 @@ func (ls *loopSession) process() {
 // gives back the memory of large messages, queues the session for another turn when it
 // used up its budget, and tells the loop what to wait for.
 func (ls *loopSession) settle(budget int) bool {
+	if budget > 0 && ls.steady() {
+		return true
+	}
 	switch {
 	case ls.client.sink.err != nil:
 		// The client is gone; so is the session.
@@ -504,6 +507,18 @@ func (ls *loopSession) settle(budget int) bool {
 		ls.loop.quiet = append(ls.loop.quiet, ls)
 	}
 	return !ls.dead
+}
+
+// steady reports whether settling would leave the session as it is, as it does after
+// most turns in session mode: nothing is pending for either socket nor held in a grown
+// buffer, no write has failed, nothing streams, and both sockets are watched for input
+// alone. It is the same test as settle's steps make one by one, in a few comparisons.
+func (ls *loopSession) steady() bool {
+	c, u := &ls.client, &ls.upstream
+	return ls.tx == nil && !ls.dead && !ls.finishing && ls.streaming == 0 &&
+		c.sink.drained() && u.sink.drained() && c.sink.err == nil && u.sink.err == nil &&
+		c.watched && c.events == unix.EPOLLIN && u.watched && u.events == unix.EPOLLIN &&
+		(ls.bare || ls.c.cr.br.Size() <= readBufferSize && ls.c.server.r.br.Size() <= readBufferSize)
 }
 
 // whole reports whether the next message from r is buffered whole, reading from the

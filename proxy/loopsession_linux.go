@@ -77,6 +77,7 @@ type loopEnd struct {
 	events  uint32 // the events registered
 	watched bool   // in the epoll set
 	hup     bool   // the socket reported a hang-up or an error
+	pooled  bool   // the upstream side of a session in transaction mode: it reads the pooledConn
 	src     fdSource
 	sink    fdSink
 	in      endReader // what the session's reader of this side reads
@@ -237,10 +238,19 @@ func (e *loopEnd) init(ls *loopSession, fd int, tc *tls.Conn, br *bufio.Reader) 
 // side of a session in transaction mode reads its pooledConn, which may hold answers of
 // the proxy's own (see pooledConn.inputAtHand).
 func (e *loopEnd) mayHaveInput() bool {
-	if e.ls.tx != nil && e == &e.ls.upstream {
-		return len(e.in.held) > 0 || e.ls.tx.inputAtHand()
+	if e.pooled {
+		return e.pooledInput()
 	}
 	return e.src.readable || len(e.in.held) > 0 || e.tls != nil
+}
+
+// pooledInput is mayHaveInput for the upstream side of a session in transaction mode;
+// kept out of line so that mayHaveInput, asked for every side at every pass of process,
+// is inlined there.
+//
+//go:noinline
+func (e *loopEnd) pooledInput() bool {
+	return len(e.in.held) > 0 || e.ls.tx.inputAtHand()
 }
 
 // attachTLS points the side's TLS connection, if any, at the loop's reader and writer.

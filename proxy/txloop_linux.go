@@ -56,7 +56,7 @@ func (s *Server) adoptPooled(c *conn, v *pooledConn) bool {
 	}
 	ls := &loopSession{c: c, loop: l, tx: v}
 	ls.client.init(ls, cfd, clientTLS, c.cr.br)
-	ls.upstream = loopEnd{ls: ls, fd: -1, in: endReader{held: bufferedCopy(c.server.r.br), stream: v}}
+	ls.upstream = loopEnd{ls: ls, fd: -1, pooled: true, in: endReader{held: bufferedCopy(c.server.r.br), stream: v}}
 	c.cr.br.Reset(&ls.client.in)
 	c.cw.Reset(ls.client.out())
 	c.server.r.br.Reset(&ls.upstream.in)

@@ -9,7 +9,8 @@ import (
 
 // TestSteadySession checks settle's shortcut: steady holds for a session in session mode
 // with nothing to act on, and fails for each state in which one of settle's steps would
-// act (end the session, give back memory, queue it, or change what the loop watches).
+// act (end the session, give back memory, or change what the loop watches; whether to
+// queue it for another turn, settle asks first).
 func TestSteadySession(t *testing.T) {
 	quiet := func() *loopSession {
 		c := &conn{server: &serverConn{}}

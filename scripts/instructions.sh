@@ -18,7 +18,8 @@
 #   go run ./internal/testenv/cmd/testenv -no-zk -- scripts/instructions.sh [OTHER_BINARY ...]
 # Settings, from the environment: CLIENTS (50), POOL (20), POOL_MODE (transaction or
 # session), DURATION (20, seconds), MODES (simple extended prepared), PGBOUNCER (1; 0
-# leaves it out).
+# leaves it out), KEEP (a directory: each counted run's callgrind profile is copied there as
+# HOP-MODE.callgrind, for `callgrind_annotate` to break the count down by function).
 set -euo pipefail
 
 CLIENTS=${CLIENTS:-50}
@@ -127,6 +128,10 @@ measure() {
     awk -v name="$name" -v mode="$mode" -v tx="$tx" '
       /^totals:/ { ir = $2 }
       END { printf "%-22s %-9s %9d tx %14d instructions %8.0f per transaction\n", name, mode, tx, ir, ir / tx }' "$dump"
+    if [ -n "${KEEP:-}" ]; then
+      mkdir -p "$KEEP"
+      cp "$dump" "$KEEP/${name// /-}-$mode.callgrind"
+    fi
   done
 }
 

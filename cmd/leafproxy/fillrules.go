@@ -40,8 +40,11 @@ const (
 	fillReadTimeout = 10 * time.Second
 	// fillStartTimeout bounds the read at start, which holds up accepting clients: a
 	// store that is slow or down delays the start by this much at most, and the proxy
-	// starts with its configuration's rules.
-	fillStartTimeout = 3 * time.Second
+	// starts with its configuration's rules. The store has just answered connectStore,
+	// so a read that takes long is one on a loaded machine or store, not one that will
+	// never come: it gets as long as a refresh's, since until it is in, a table whose rule
+	// is stored alone takes INSERTs without its key filled.
+	fillStartTimeout = fillReadTimeout
 	// fillRetry is how soon a failed read of the store is tried again, so that a proxy
 	// started while the store was down gets the stored rules soon after it is back.
 	fillRetry = 2 * time.Second

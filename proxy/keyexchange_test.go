@@ -15,45 +15,6 @@ import (
 	"github.com/leafproxy/leafproxy/internal/testenv"
 )
 
-// TestKeyExchangesRemember checks what is offered after what was learned: the choice of
-// the address's server alone, until keyExchangeRelearn has passed; after a failure, all
-// of them, and nothing learned, for keyExchangeRelearn.
-func TestKeyExchangesRemember(t *testing.T) {
-	var k keyExchanges
-	now := time.Now()
-	if got := k.offer("db:5432", now); got != 0 {
-		t.Fatalf("offer before any handshake = %v, want 0 (all)", got)
-	}
-	k.learn("db:5432", tls.CurveP256, now)
-	if got := k.offer("db:5432", now.Add(keyExchangeRelearn-time.Second)); got != tls.CurveP256 {
-		t.Fatalf("offer = %v, want P-256", got)
-	}
-	if got := k.offer("other:5432", now); got != 0 {
-		t.Fatalf("offer to another address = %v, want 0 (all)", got)
-	}
-	if got := k.offer("db:5432", now.Add(keyExchangeRelearn)); got != 0 {
-		t.Fatalf("offer after %v = %v, want 0 (all)", keyExchangeRelearn, got)
-	}
-	k.learn("db:5432", tls.CurveP256, now)
-	k.failed("db:5432", now)
-	if got := k.offer("db:5432", now); got != 0 {
-		t.Fatalf("offer after a failure = %v, want 0 (all)", got)
-	}
-	k.learn("db:5432", tls.X25519, now.Add(time.Second))
-	if got := k.offer("db:5432", now.Add(time.Second)); got != 0 {
-		t.Fatalf("offer after a failure and a handshake = %v, want 0 (all)", got)
-	}
-	k.learn("db:5432", tls.X25519, now.Add(keyExchangeRelearn))
-	if got := k.offer("db:5432", now.Add(keyExchangeRelearn)); got != tls.X25519 {
-		t.Fatalf("offer %v after a failure = %v, want X25519", keyExchangeRelearn, got)
-	}
-	k.learn("db:5432", tls.CurveP256, now)
-	k.learn("db:5432", 0, now) // TLS 1.2's RSA key exchange: nothing to offer alone
-	if got := k.offer("db:5432", now); got != 0 {
-		t.Fatalf("offer after a handshake without a key exchange = %v, want 0 (all)", got)
-	}
-}
-
 // tlsOnlyServer answers SSLRequest with 'S' and completes a TLS handshake, as
 // PostgreSQL does, taking only the key exchanges in curves (changed by setCurves); it
 // counts the ClientHello messages of each connection.
@@ -229,7 +190,7 @@ func TestUpstreamKeyExchangeWithPostgres(t *testing.T) {
 		c.Close()
 		if i == 0 {
 			first = id
-			if got := s.keyExchanges.offer(u.Host, time.Now()); got != id || id == 0 {
+			if got := s.keyExchanges.Offer(u.Host, time.Now()); got != id || id == 0 {
 				t.Fatalf("after a handshake with %v, the proxy offers %v alone", id, got)
 			}
 		} else if id != first {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/leafproxy/leafproxy/internal/keyexchange"
 	"github.com/leafproxy/leafproxy/proxy/pool"
 	"github.com/leafproxy/leafproxy/rewrite"
 )
@@ -134,8 +135,8 @@ type Server struct {
 	pooling    pooling
 	welcomes   sync.Map  // pool.Key → *welcome: what new clients of a pool are told (txstartup.go)
 	authConns  authConns // idle connections of the auth query (authquery.go)
-	// keyExchanges remembers the key exchange each upstream chose (keyexchange.go).
-	keyExchanges keyExchanges
+	// keyExchanges remembers the key exchange each upstream chose.
+	keyExchanges keyexchange.Memory
 
 	// Goroutines that wait for a new connection to serve (see startConn).
 	workersOnce, stopOnce sync.Once

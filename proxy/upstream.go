@@ -10,6 +10,8 @@ import (
 	"net"
 	"strings"
 	"time"
+
+	"github.com/leafproxy/leafproxy/internal/keyexchange"
 )
 
 // SSLMode says whether and how the proxy encrypts its connections to the upstream
@@ -58,13 +60,13 @@ func upstreamNetwork(addr string) string {
 func (s *Server) dialUpstream(ctx context.Context, addr string) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.dialTimeout())
 	defer cancel()
-	offer := s.keyExchanges.offer(addr, time.Now())
+	offer := s.keyExchanges.Offer(addr, time.Now())
 	c, err := s.dialUpstreamOffering(ctx, addr, offer)
 	var hs *handshakeError
 	if offer != 0 && errors.As(err, &hs) {
 		// The server no longer takes the key exchange it chose before (see
-		// keyexchange.go): a new connection offers them all.
-		s.keyExchanges.failed(addr, time.Now())
+		// package keyexchange): a new connection offers them all.
+		s.keyExchanges.Failed(addr, time.Now())
 		return s.dialUpstreamOffering(ctx, addr, 0)
 	}
 	return c, err
@@ -129,15 +131,13 @@ func (s *Server) startUpstreamTLS(ctx context.Context, c net.Conn, mode SSLMode,
 		return nil, fmt.Errorf("upstream answered SSLRequest with %q", resp[0])
 	}
 	cfg := s.upstreamTLSConfig(mode, addr)
-	if offer != 0 {
-		cfg.CurvePreferences = []tls.CurveID{offer}
-	}
+	keyexchange.Restrict(cfg, offer)
 	tc := tls.Client(&tlsTransport{Conn: c}, cfg)
 	if err := tc.HandshakeContext(ctx); err != nil {
 		return nil, &handshakeError{err}
 	}
 	if offer == 0 {
-		s.keyExchanges.learn(addr, tc.ConnectionState().CurveID, time.Now())
+		s.keyExchanges.Learn(addr, tc.ConnectionState().CurveID, time.Now())
 	}
 	return tc, nil
 }

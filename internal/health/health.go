@@ -8,12 +8,15 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/leafproxy/leafproxy/internal/keyexchange"
 )
 
 // State is what a Probe knows of its dependency.
@@ -142,6 +145,12 @@ var sslRequest = func() []byte {
 	return b
 }()
 
+// probeKeyExchanges remembers the TLS key exchange each probed server chose, as the
+// proxy does for its upstream connections (see package keyexchange): a probe every 2 s
+// would otherwise pay a second round trip and key shares made in vain against a
+// PostgreSQL with its default curve.
+var probeKeyExchanges keyexchange.Memory
+
 // DialPostgres checks that a PostgreSQL server answers at addr (host:port, or a Unix
 // socket path): it connects, sends an SSLRequest and reads the one-byte answer; after an
 // 'S' it completes the TLS handshake (without verifying the certificate: this is a probe,
@@ -150,6 +159,36 @@ var sslRequest = func() []byte {
 // nothing: it stays silent about a connection that ends before its startup packet, but it
 // would log a TLS handshake cut short.
 func DialPostgres(ctx context.Context, addr string) error {
+	_, err := dialPostgres(ctx, addr)
+	return err
+}
+
+// dialPostgres is DialPostgres, returning the state of the TLS handshake when there was
+// one. It offers the key exchange remembered for addr alone; when that handshake fails,
+// it notes the failure and probes again offering them all.
+func dialPostgres(ctx context.Context, addr string) (*tls.ConnectionState, error) {
+	offer := probeKeyExchanges.Offer(addr, time.Now())
+	st, err := dialPostgresOffering(ctx, addr, offer)
+	var hs *handshakeError
+	if offer != 0 && errors.As(err, &hs) {
+		probeKeyExchanges.Failed(addr, time.Now())
+		return dialPostgresOffering(ctx, addr, 0)
+	}
+	if st != nil && offer == 0 {
+		probeKeyExchanges.Learn(addr, st.CurveID, time.Now())
+	}
+	return st, err
+}
+
+// handshakeError is a failed TLS handshake.
+type handshakeError struct{ err error }
+
+func (e *handshakeError) Error() string { return "TLS handshake: " + e.err.Error() }
+func (e *handshakeError) Unwrap() error { return e.err }
+
+// dialPostgresOffering is one probe, offering the key exchange offer alone in a TLS
+// handshake, or every one when offer is 0.
+func dialPostgresOffering(ctx context.Context, addr string, offer tls.CurveID) (*tls.ConnectionState, error) {
 	network := "tcp"
 	if strings.HasPrefix(addr, "/") {
 		network = "unix"
@@ -157,28 +196,31 @@ func DialPostgres(ctx context.Context, addr string) error {
 	var d net.Dialer
 	c, err := d.DialContext(ctx, network, addr)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer c.Close()
 	if dl, ok := ctx.Deadline(); ok {
 		_ = c.SetDeadline(dl)
 	}
 	if _, err := c.Write(sslRequest); err != nil {
-		return fmt.Errorf("send SSLRequest: %w", err)
+		return nil, fmt.Errorf("send SSLRequest: %w", err)
 	}
 	var answer [1]byte
 	if _, err := io.ReadFull(c, answer[:]); err != nil {
-		return fmt.Errorf("no answer to SSLRequest (is it PostgreSQL?): %w", err)
+		return nil, fmt.Errorf("no answer to SSLRequest (is it PostgreSQL?): %w", err)
 	}
 	switch answer[0] {
 	case 'N':
-		return nil
+		return nil, nil
 	case 'S':
-		tc := tls.Client(c, &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12})
+		cfg := &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}
+		keyexchange.Restrict(cfg, offer)
+		tc := tls.Client(c, cfg)
 		if err := tc.HandshakeContext(ctx); err != nil {
-			return fmt.Errorf("TLS handshake: %w", err)
+			return nil, &handshakeError{err}
 		}
-		return tc.Close()
+		st := tc.ConnectionState()
+		return &st, tc.Close()
 	}
-	return fmt.Errorf("answered SSLRequest with %q: not a PostgreSQL server", answer[0])
+	return nil, fmt.Errorf("answered SSLRequest with %q: not a PostgreSQL server", answer[0])
 }

@@ -2,12 +2,15 @@ package health
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -55,8 +58,9 @@ func TestProbeStates(t *testing.T) {
 	}
 }
 
-// serveOnce accepts one connection, reads the SSLRequest and answers with b.
-func serveOnce(t *testing.T, b byte) string {
+// listen serves each connection to a new loopback listener with serve, until the test
+// ends, and returns its address.
+func listen(t *testing.T, serve func(net.Conn)) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -64,17 +68,33 @@ func serveOnce(t *testing.T, b byte) string {
 	}
 	t.Cleanup(func() { ln.Close() })
 	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		buf := make([]byte, 8)
-		if _, err := c.Read(buf); err == nil {
-			c.Write([]byte{b})
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				serve(c)
+			}()
 		}
 	}()
 	return ln.Addr().String()
+}
+
+// answerSSLRequest reads the SSLRequest and answers with b.
+func answerSSLRequest(c net.Conn, b byte) error {
+	buf := make([]byte, 8)
+	if _, err := io.ReadFull(c, buf); err != nil {
+		return err
+	}
+	_, err := c.Write([]byte{b})
+	return err
+}
+
+// serveOnce answers the SSLRequest of a connection with b.
+func serveOnce(t *testing.T, b byte) string {
+	return listen(t, func(c net.Conn) { _ = answerSSLRequest(c, b) })
 }
 
 func TestDialPostgres(t *testing.T) {
@@ -127,4 +147,82 @@ func TestDialPostgresLeavesNoTrace(t *testing.T) {
 	if added := strings.TrimSpace(string(after[len(before):])); added != "" {
 		t.Errorf("the probes made the server log:\n%s", added)
 	}
+}
+
+// TestDialPostgresKeyExchange checks that probes of a PostgreSQL server offer, after the
+// first, the key exchange it chose alone, so that they need no second first message (a
+// HelloRetryRequest) from a server that takes only P-256, as PostgreSQL up to 17 does by
+// default; and that a server which changes its choice is still probed successfully.
+func TestDialPostgresKeyExchange(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pg := testenv.NewPostgres(t)
+	addr := fmt.Sprintf("127.0.0.1:%d", pg.Port)
+	var first tls.CurveID
+	for i := range 3 {
+		st, err := dialPostgres(ctx, addr)
+		switch {
+		case err != nil:
+			t.Fatalf("probe %d: %v", i, err)
+		case st == nil:
+			t.Fatal("the test server answered the SSLRequest with N: it runs with TLS on")
+		case i == 0:
+			first = st.CurveID
+		case st.HelloRetryRequest || st.CurveID != first:
+			t.Errorf("PostgreSQL, probe %d: key exchange %v, HelloRetryRequest %v; want %v at the first try", i, st.CurveID, st.HelloRetryRequest, first)
+		}
+	}
+
+	certs, err := testenv.WriteCertificates(t.TempDir(), "server")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := tls.LoadX509KeyPair(certs.CertFile, certs.KeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &tlsServer{cert: cert}
+	srv.curve.Store(uint32(tls.CurveP384))
+	addr = srv.start(t)
+	probe := func(want tls.CurveID, wantRetry bool) {
+		t.Helper()
+		st, err := dialPostgres(ctx, addr)
+		if err != nil {
+			t.Fatalf("a server taking %v alone: %v", want, err)
+		}
+		if st.CurveID != want || st.HelloRetryRequest != wantRetry {
+			t.Errorf("a server taking %v alone: key exchange %v, HelloRetryRequest %v", want, st.CurveID, st.HelloRetryRequest)
+		}
+	}
+	probe(tls.CurveP384, true) // offered all, P-384 is not among Go's first key shares
+	probe(tls.CurveP384, false)
+	srv.curve.Store(uint32(tls.X25519))
+	// Offered P-384 alone, which fails; then all, with X25519's share among the first.
+	probe(tls.X25519, false)
+	if got := srv.accepted.Load(); got != 4 {
+		t.Errorf("the server accepted %d connections, want 4 (the failed handshake and the one after it)", got)
+	}
+}
+
+// tlsServer answers each connection's SSLRequest with S and completes a TLS handshake,
+// taking only the key exchange in curve.
+type tlsServer struct {
+	cert     tls.Certificate
+	curve    atomic.Uint32
+	accepted atomic.Int32
+}
+
+func (srv *tlsServer) start(t *testing.T) string {
+	return listen(t, func(c net.Conn) {
+		srv.accepted.Add(1)
+		cfg := &tls.Config{Certificates: []tls.Certificate{srv.cert},
+			CurvePreferences: []tls.CurveID{tls.CurveID(srv.curve.Load())}}
+		if answerSSLRequest(c, 'S') != nil {
+			return
+		}
+		tc := tls.Server(c, cfg)
+		if tc.Handshake() == nil {
+			_, _ = io.Copy(io.Discard, tc) // until the probe's close_notify
+		}
+	})
 }

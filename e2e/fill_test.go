@@ -91,8 +91,9 @@ func TestFillRulesShared(t *testing.T) {
 		if out := leaf("fill", "add", "fill_a.id=fill_seg_a"); !strings.Contains(out, "added fill rule fill_a.id=fill_seg_a") {
 			t.Fatalf("fill add: %q", out)
 		}
-		// One interval, plus the time the refresh and a loaded machine take.
-		took := waitFilled("fill_a", "id", fillRefresh+5*time.Second)
+		// One interval, plus the time the refresh and a loaded machine take (a refresh's
+		// read of the store may take up to 10 s before it gives up).
+		took := waitFilled("fill_a", "id", fillRefresh+30*time.Second)
 		t.Logf("fill add took effect on both proxies after %s (fill-refresh %s)", took.Round(time.Millisecond), fillRefresh)
 		if !filled(0, "fill_conf", "id") {
 			t.Fatal("the configuration's rule was lost when the store's was added")
@@ -124,7 +125,7 @@ func TestFillRulesShared(t *testing.T) {
 			t.Fatal("fill_b filled before any refresh")
 		}
 		hangup()
-		took := waitFilled("fill_b", "id", 15*time.Second)
+		took := waitFilled("fill_b", "id", 30*time.Second)
 		t.Logf("after SIGHUP the new rule took effect on both proxies in %s", took.Round(time.Millisecond))
 		for _, p := range proxies {
 			if !strings.Contains(p.Log(), "SIGHUP") {
@@ -141,7 +142,7 @@ func TestFillRulesShared(t *testing.T) {
 		leaf("fill", "remove", "fill_a.id")
 		hangup()
 		for _, p := range proxies {
-			waitLog(t, p, "table fill_conf has two key columns", 15*time.Second)
+			waitLog(t, p, "table fill_conf has two key columns", 30*time.Second)
 		}
 		for _, line := range strings.Split(proxies[0].Log(), "\n") {
 			if strings.Contains(line, "two key columns") {

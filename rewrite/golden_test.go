@@ -42,10 +42,14 @@ var goldenCatalog = mapCatalog{
 	"public.tickets": {Columns: []string{"id", "title"}, Types: []string{"integer", "text"}},
 }
 
-// mapCatalog is a Catalog keyed by "schema.table".
+// mapCatalog is a Catalog keyed by "schema.table". An unqualified name gets public's
+// table: the tests' other schemas hold no table of the same name.
 type mapCatalog map[string]Table
 
 func (m mapCatalog) Table(schema, table string) (Table, bool) {
+	if schema == "" {
+		schema = "public"
+	}
 	t, ok := m[schema+"."+table]
 	return t, ok
 }

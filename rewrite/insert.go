@@ -24,17 +24,13 @@ func (r *Rewriter) rules(rel *pg_query.RangeVar) []fillRule {
 	return out
 }
 
-// table asks the catalog for the columns of an INSERT or COPY target; an
-// unqualified name is looked up in the public schema.
+// table asks the catalog for the columns of an INSERT or COPY target, by its name as
+// written (schema "" when unqualified).
 func (r *Rewriter) table(rel *pg_query.RangeVar) (Table, bool) {
 	if r.catalog == nil {
 		return Table{}, false
 	}
-	schema := rel.Schemaname
-	if schema == "" {
-		schema = "public"
-	}
-	return r.catalog.Table(schema, rel.Relname)
+	return r.catalog.Table(rel.Schemaname, rel.Relname)
 }
 
 // keyPosition returns the 0-based position of the rule's column among the
@@ -111,7 +107,7 @@ func (p *planner) insert(ins *pg_query.InsertStmt) {
 			pos := p.rw.keyPosition(ins.Relation, rule)
 			if pos < 0 {
 				p.fail(p.errAt(sqlstate.FeatureNotSupported, relLoc,
-					"Name the columns, e.g. INSERT INTO "+ins.Relation.Relname+" (col, …) VALUES (…): without the catalog the proxy cannot know where "+rule.colSQL+" goes.",
+					"Name the columns, e.g. INSERT INTO "+ins.Relation.Relname+" (col, …) VALUES (…): the catalog does not tell the proxy where "+rule.colSQL+" goes (it does not have the table yet, or the table's columns differ between schemas or databases).",
 					"INSERT into %s without a column list is not supported: the proxy fills %s", ins.Relation.Relname, rule.Column))
 				continue
 			}

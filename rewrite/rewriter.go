@@ -45,8 +45,10 @@ type Settings struct {
 }
 
 // Catalog gives a filled table's columns as the database's catalog lists
-// them. Schema is the INSERT's or COPY's qualifier, or "public" for an
-// unqualified name. It must be safe for concurrent use.
+// them. Schema is the INSERT's or COPY's qualifier, or "" for an unqualified
+// name, which the session's search_path resolves: a catalog answers for it
+// only with columns that hold whichever schema's table the name reaches. It
+// must be safe for concurrent use.
 type Catalog interface {
 	Table(schema, table string) (Table, bool)
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"reflect"
+	"slices"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,8 +21,16 @@ import (
 // interval of the segment tag refresh.
 const catalogRefresh = 60 * time.Second
 
-// tableName is a schema-qualified table name as the catalog spells it.
+// tableName is a schema-qualified table name as the catalog spells it; schema "" is the
+// entry of the unqualified name (see unqualified).
 type tableName struct{ schema, table string }
+
+func (n tableName) String() string {
+	if n.schema == "" {
+		return n.table
+	}
+	return n.schema + "." + n.table
+}
 
 // catalog is the rewriter's view of the filled tables' columns: read from the upstream's
 // pg_attribute (attnum order, dropped columns left out) with the store's credentials and
@@ -30,6 +40,11 @@ type tableName struct{ schema, table string }
 // catalog is read from each database it names as well (see catalogDatabases), and a
 // table whose columns differ between them is left out: an INSERT without a column list
 // into it is refused (0A000) rather than planned by another database's column order.
+//
+// Which table an unqualified name reaches depends on the session's search_path, which
+// the proxy does not follow. So an unqualified name gets the columns its table has in
+// every schema (and database) that holds one, and no entry when they differ: an INSERT
+// without a column list into it is then refused too (see unqualified).
 type catalog struct {
 	conn *pgx.ConnConfig // the store's settings at the upstream's address
 	snap atomic.Pointer[map[tableName]rewrite.Table]
@@ -38,8 +53,10 @@ type catalog struct {
 	rules []config.FillRule // the rules whose tables are read; setRules replaces them
 	dbs   []catalogDB       // further databases read; setDatabases replaces them
 	// differ names the tables left out at the last load because their columns differ
-	// between databases.
-	differ []string
+	// between databases; ambiguous the unqualified names left out because their columns
+	// differ between schemas.
+	differ    []tableName
+	ambiguous []string
 }
 
 // newCatalog returns a catalog of the tables rules fill, empty until the first load.
@@ -69,7 +86,7 @@ func (c *catalog) setRules(rules []config.FillRule) {
 	c.mu.Unlock()
 }
 
-// Table implements rewrite.Catalog.
+// Table implements rewrite.Catalog: schema "" asks for an unqualified name.
 func (c *catalog) Table(schema, table string) (rewrite.Table, bool) {
 	t, ok := (*c.snap.Load())[tableName{schema, table}]
 	return t, ok
@@ -94,7 +111,7 @@ func (c *catalog) load(ctx context.Context) (changed bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	var differ []string
+	var differ []tableName
 	for _, db := range dbs {
 		cc := c.conn.Copy()
 		cc.Host, cc.Port, cc.Database = db.host, db.port, db.name
@@ -104,8 +121,9 @@ func (c *catalog) load(ctx context.Context) (changed bool, err error) {
 		}
 		differ = mergeCatalog(snap, other, differ)
 	}
+	ambiguous := unqualified(snap, rules, differ)
 	c.mu.Lock()
-	c.differ = differ
+	c.differ, c.ambiguous = differ, ambiguous
 	c.mu.Unlock()
 	changed = !reflect.DeepEqual(*c.snap.Load(), snap)
 	c.snap.Store(&snap)
@@ -146,6 +164,43 @@ func (c *catalog) read(ctx context.Context, cc *pgx.ConnConfig, rules []config.F
 	return snap, nil
 }
 
+// unqualified adds to snap the entry of each unqualified name that a rule without a
+// schema fills: the columns its table has in every schema of snap, when they are the
+// same everywhere and no schema's table was left out for differing between databases
+// (differ, where such a name is already told of). It returns the names left without an
+// entry because their tables differ between schemas, sorted.
+func unqualified(snap map[tableName]rewrite.Table, rules []config.FillRule, differ []tableName) []string {
+	var ambiguous []string
+	for _, r := range rules {
+		if r.Schema != "" {
+			continue
+		}
+		k := tableName{"", r.Table}
+		if _, done := snap[k]; done || slices.Contains(ambiguous, r.Table) {
+			continue
+		}
+		same, found := true, false
+		var layout rewrite.Table
+		for n, t := range snap {
+			if n.table != r.Table || n.schema == "" {
+				continue
+			}
+			if found && !reflect.DeepEqual(layout, t) {
+				same = false
+			}
+			layout, found = t, true
+		}
+		switch {
+		case !same:
+			ambiguous = append(ambiguous, r.Table)
+		case found && !slices.ContainsFunc(differ, func(n tableName) bool { return n.table == r.Table }):
+			snap[k] = layout
+		}
+	}
+	sort.Strings(ambiguous)
+	return ambiguous
+}
+
 // filled reports whether one of rules fills schema.table.
 func filled(rules []config.FillRule, schema, table string) bool {
 	for _, r := range rules {
@@ -156,14 +211,11 @@ func filled(rules []config.FillRule, schema, table string) bool {
 	return false
 }
 
-// keyType returns the catalog type of a rule's key column in the schema an unqualified
-// INSERT names (public) or the rule's own, "" when the catalog does not know it.
+// keyType returns the catalog type of a rule's key column: in the rule's schema, or, for
+// a rule without one, in every schema that holds the table; "" when the catalog does not
+// know it or the schemas differ.
 func (c *catalog) keyType(r config.FillRule) string {
-	schema := r.Schema
-	if schema == "" {
-		schema = "public"
-	}
-	t, ok := c.Table(schema, r.Table)
+	t, ok := c.Table(r.Schema, r.Table)
 	if !ok {
 		return ""
 	}

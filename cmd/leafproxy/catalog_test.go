@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -262,6 +263,14 @@ func TestCatalogLoad(t *testing.T) {
 	if typ := cat.keyType(rules[1]); typ != "smallint" {
 		t.Errorf("key type of %s = %q, want smallint", rules[1], typ)
 	}
+	// public.orders and app.orders differ: the unqualified name, which either may be
+	// depending on the search_path, has no columns and no key type.
+	if tb, ok := cat.Table("", "orders"); ok || !slices.Equal(cat.ambiguous, []string{"orders"}) {
+		t.Errorf("unqualified orders: %v, %v; ambiguous names %v", tb, ok, cat.ambiguous)
+	}
+	if typ := cat.keyType(rules[0]); typ != "" {
+		t.Errorf("key type of %s = %q, want none: the schemas differ", rules[0], typ)
+	}
 	if changed, err := cat.load(ctx); err != nil || changed {
 		t.Errorf("second load without DDL: changed %v, %v", changed, err)
 	}
@@ -273,6 +282,110 @@ func TestCatalogLoad(t *testing.T) {
 	}
 	if tb, ok := cat.Table("public", "orders"); !ok || !reflect.DeepEqual(tb.Columns, []string{"id", "item", "qty"}) {
 		t.Errorf("public.orders after ADD COLUMN: %v", tb.Columns)
+	}
+	// With one orders left, the unqualified name gets its columns.
+	if _, err := direct.Exec(ctx, "DROP TABLE app.orders"); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := cat.load(ctx); err != nil || !changed {
+		t.Errorf("load after DROP TABLE: changed %v, %v", changed, err)
+	}
+	if tb, ok := cat.Table("", "orders"); !ok || !reflect.DeepEqual(tb.Columns, []string{"id", "item", "qty"}) || len(cat.ambiguous) > 0 {
+		t.Errorf("unqualified orders after DROP TABLE app.orders: %v, %v; ambiguous names %v", tb.Columns, ok, cat.ambiguous)
+	}
+	if typ := cat.keyType(rules[0]); typ != "bigint" {
+		t.Errorf("key type of %s = %q, want bigint", rules[0], typ)
+	}
+}
+
+// TestUnqualified: an unqualified name that a rule without a schema fills gets the
+// columns its table has in every schema when they are the same everywhere; it gets none
+// when they differ between schemas (and is named) or when one schema's table was left
+// out for differing between databases (already named there); a table that only a rule
+// with a schema fills gets no unqualified entry.
+func TestUnqualified(t *testing.T) {
+	ab := rewrite.Table{Columns: []string{"a", "b"}, Types: []string{"bigint", "text"}}
+	ba := rewrite.Table{Columns: []string{"b", "a"}, Types: []string{"text", "bigint"}}
+	snap := map[tableName]rewrite.Table{
+		{"public", "t"}: ab, {"app", "t"}: ab,
+		{"public", "u"}: ab, {"app", "u"}: ba,
+		{"public", "v"}:  ab,
+		{"billing", "w"}: ab,
+		{"app", "x"}:     ba,
+	}
+	rules := []config.FillRule{
+		{Table: "t", Column: "a"}, {Table: "u", Column: "a"}, {Table: "v", Column: "a"},
+		{Schema: "billing", Table: "w", Column: "a"}, {Table: "x", Column: "a"}, {Table: "missing", Column: "a"},
+	}
+	ambiguous := unqualified(snap, rules, []tableName{{"app", "v"}})
+	if !slices.Equal(ambiguous, []string{"u"}) {
+		t.Errorf("ambiguous names %v, want [u]", ambiguous)
+	}
+	for name, want := range map[string]*rewrite.Table{"t": &ab, "u": nil, "v": nil, "w": nil, "x": &ba, "missing": nil} {
+		got, ok := snap[tableName{"", name}]
+		if ok != (want != nil) || ok && !reflect.DeepEqual(got, *want) {
+			t.Errorf("unqualified %s: %v, %v; want %v", name, got, ok, want)
+		}
+	}
+}
+
+// TestCatalogSchemasDiffer: with a filled table of one name in two schemas laid out
+// differently, an INSERT without a column list that names it without a schema is refused
+// (0A000) through the proxy, whatever the session's search_path, where it used to be
+// planned by public's columns and could put an ID into another column of app's table;
+// the session goes on, and INSERTs that name the schema or the columns are filled.
+func TestCatalogSchemasDiffer(t *testing.T) {
+	t.Parallel()
+	dsn := newStore(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	direct, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close(ctx)
+	if _, err := direct.Exec(ctx, `CREATE SCHEMA app;
+		CREATE TABLE orders (id bigint, item text);
+		CREATE TABLE app.orders (item text, id bigint)`); err != nil {
+		t.Fatal(err)
+	}
+	s := startServe(t, nil, serveArgs(t, dsn, 34)...)
+	waitReady(s)
+	s.waitFor("the warning about orders", func() bool {
+		log := s.log.String()
+		return strings.Contains(log, "filled tables whose columns differ between schemas") && strings.Contains(log, `"tables":"orders"`)
+	})
+	s.waitFor("the proxy accepting connections", func() bool { return strings.Contains(s.log.String(), "proxy accepting connections") })
+	conn, err := pgx.Connect(ctx, proxyURL(t, dsn, s.listen))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "SET search_path = app, public"); err != nil {
+		t.Fatal(err)
+	}
+	var pgErr *pgconn.PgError
+	if _, err := conn.Exec(ctx, "INSERT INTO orders VALUES (DEFAULT, DEFAULT)"); !errors.As(err, &pgErr) || pgErr.Code != "0A000" {
+		t.Errorf("INSERT without a column list into the unqualified orders: %v, want 0A000", err)
+	}
+	for _, sql := range []string{
+		"INSERT INTO app.orders VALUES ('app', DEFAULT) RETURNING id",
+		"INSERT INTO public.orders VALUES (DEFAULT, 'public') RETURNING id",
+		"INSERT INTO orders (item) VALUES ('named') RETURNING id",
+	} {
+		var id int64
+		if err := conn.QueryRow(ctx, sql).Scan(&id); err != nil || id <= 0 {
+			t.Errorf("%s: %d, %v", sql, id, err)
+		}
+	}
+	var app, public, keyless int
+	if err := direct.QueryRow(ctx, `SELECT (SELECT count(*) FROM app.orders), (SELECT count(*) FROM public.orders),
+		(SELECT count(*) FROM app.orders WHERE id IS NULL OR item NOT IN ('app', 'named'))
+		+ (SELECT count(*) FROM public.orders WHERE id IS NULL OR item <> 'public')`).Scan(&app, &public, &keyless); err != nil {
+		t.Fatal(err)
+	}
+	if app != 2 || public != 1 || keyless != 0 {
+		t.Errorf("app.orders %d rows, public.orders %d, %d without a key or with another value in item; want 2, 1, 0", app, public, keyless)
 	}
 }
 

@@ -277,10 +277,9 @@ func (c *catalog) setDatabases(dbs []catalogDB) {
 // mergeCatalog adds the tables of other to snap. A table whose columns or types differ
 // from snap's is removed from snap and named in differ, which it returns; a table named
 // in differ stays out.
-func mergeCatalog(snap, other map[tableName]rewrite.Table, differ []string) []string {
+func mergeCatalog(snap, other map[tableName]rewrite.Table, differ []tableName) []tableName {
 	for k, t := range other {
-		name := k.schema + "." + k.table
-		if slices.Contains(differ, name) {
+		if slices.Contains(differ, k) {
 			continue
 		}
 		have, ok := snap[k]
@@ -289,21 +288,29 @@ func mergeCatalog(snap, other map[tableName]rewrite.Table, differ []string) []st
 			snap[k] = t
 		case !reflect.DeepEqual(have, t):
 			delete(snap, k)
-			differ = append(differ, name)
+			differ = append(differ, k)
 		}
 	}
-	sort.Strings(differ)
+	slices.SortFunc(differ, func(a, b tableName) int { return strings.Compare(a.String(), b.String()) })
 	return differ
 }
 
 // warnDiffering logs the filled tables the catalog left out because their columns differ
-// between databases.
+// between databases, and the unqualified names left out because their tables' columns
+// differ between schemas.
 func (a *app) warnDiffering(cat *catalog) {
 	cat.mu.Lock()
-	differ := cat.differ
+	differ, ambiguous := cat.differ, cat.ambiguous
 	cat.mu.Unlock()
 	if len(differ) > 0 {
-		a.log.WithField("tables", strings.Join(differ, ",")).Warn("filled tables whose columns differ between databases: an INSERT without a column list into them is refused (0A000); name the columns")
+		names := make([]string, len(differ))
+		for i, n := range differ {
+			names[i] = n.String()
+		}
+		a.log.WithField("tables", strings.Join(names, ",")).Warn("filled tables whose columns differ between databases: an INSERT without a column list into them is refused (0A000); name the columns")
+	}
+	if len(ambiguous) > 0 {
+		a.log.WithField("tables", strings.Join(ambiguous, ",")).Warn("filled tables whose columns differ between schemas: an INSERT without a column list that names one without its schema is refused (0A000), since the search_path decides which it reaches; name the columns or the schema")
 	}
 }
 

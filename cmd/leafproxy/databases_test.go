@@ -262,7 +262,7 @@ func TestMergeCatalog(t *testing.T) {
 	differ := mergeCatalog(snap, map[tableName]rewrite.Table{{"public", "t"}: ba, {"public", "u"}: ab, {"x", "v"}: ba}, nil)
 	differ = mergeCatalog(snap, map[tableName]rewrite.Table{{"public", "t"}: ab}, differ)
 	want := map[tableName]rewrite.Table{{"public", "u"}: ab, {"x", "v"}: ba}
-	if !reflect.DeepEqual(snap, want) || !reflect.DeepEqual(differ, []string{"public.t"}) {
+	if !reflect.DeepEqual(snap, want) || !reflect.DeepEqual(differ, []tableName{{"public", "t"}}) {
 		t.Errorf("merged %v, differ %v", snap, differ)
 	}
 }

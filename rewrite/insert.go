@@ -94,6 +94,7 @@ func (p *planner) insert(ins *pg_query.InsertStmt) {
 		return
 	}
 	var closes []int // token indexes of the ")" ending each VALUES row, found on first use
+	named := false   // the column list the catalog gives is added (an INSERT without one)
 	for _, rule := range rules {
 		idx := columnIndex(ins.Cols, rule.Column)
 		switch {
@@ -119,7 +120,10 @@ func (p *planner) insert(ins *pg_query.InsertStmt) {
 					break
 				}
 			}
-			p.replaceDefaults(sel, pos, rule)
+			if p.replaceDefaults(sel, pos, rule) && !named {
+				named = true
+				p.nameColumns(ins, sel)
+			}
 		case idx >= 0:
 			p.replaceDefaults(sel, idx, rule)
 		default:
@@ -155,9 +159,11 @@ func isDefaultOrNull(n *pg_query.Node) (int, bool) {
 	return 0, false
 }
 
-// replaceDefaults gives every row whose key is DEFAULT or NULL an ID.
-func (p *planner) replaceDefaults(sel *pg_query.SelectStmt, idx int, rule fillRule) {
+// replaceDefaults gives every row whose key is DEFAULT or NULL an ID, and reports
+// whether one got one.
+func (p *planner) replaceDefaults(sel *pg_query.SelectStmt, idx int, rule fillRule) bool {
 	toks := p.tokens()
+	filled := false
 	for _, row := range sel.ValuesLists {
 		items := row.GetList().GetItems()
 		if idx >= len(items) {
@@ -170,10 +176,42 @@ func (p *planner) replaceDefaults(sel *pg_query.SelectStmt, idx int, rule fillRu
 		i := toks.at(loc)
 		if i >= len(toks) || int(toks[i].Start) != loc {
 			p.internal(loc, "DEFAULT")
-			return
+			return false
 		}
 		p.add(slotEdit{edit: edit{start: loc, end: int(toks[i].End)}, hasSlot: true, slot: Slot{Kind: SlotTag, Tag: rule.Tag, Max: rule.max}})
+		filled = true
 	}
+	return filled
+}
+
+// nameColumns gives an INSERT … VALUES without a column list, into which the proxy puts
+// IDs by the catalog's column order, that order as its column list: (c1, …, cN) for rows
+// of N values. The catalog is read once a minute; should the table's columns have changed
+// since (a column dropped before the key moves it), the statement then fails on a column
+// that no longer exists, or puts each value into the column of the name the proxy planned
+// it for, instead of putting an ID into whatever column now has the key's old place.
+func (p *planner) nameColumns(ins *pg_query.InsertStmt, sel *pg_query.SelectStmt) {
+	t, ok := p.rw.table(ins.Relation)
+	n := len(sel.ValuesLists[0].GetList().GetItems())
+	if !ok || n > len(t.Columns) {
+		return // PostgreSQL refuses more values than columns itself
+	}
+	toks := p.tokens()
+	v := p.valuesKeyword(sel)
+	if v < 0 {
+		return
+	}
+	// INSERT INTO t [AS a] [(columns)] [OVERRIDING SYSTEM|USER VALUE] VALUES …
+	at := v
+	if v >= 3 && toks[v-3].Token == pg_query.Token_OVERRIDING && toks[v-1].Token == pg_query.Token_VALUE_P {
+		at = v - 3
+	}
+	names := make([]string, n)
+	for i, c := range t.Columns[:n] {
+		names[i] = quoteIdent(c)
+	}
+	start := int(toks[at].Start)
+	p.add(slotEdit{edit: edit{start: start, end: start, text: "(" + strings.Join(names, ", ") + ") "}})
 }
 
 // addColumn appends the key column to the column list and an ID to every row.
@@ -193,10 +231,10 @@ func (p *planner) addColumn(ins *pg_query.InsertStmt, closes []int, rule fillRul
 	}
 }
 
-// rowCloses returns the token index of the ")" that ends each VALUES row.
-// The rows start right after the VALUES keyword, which is the last one
-// before the first location inside the rows.
-func (p *planner) rowCloses(sel *pg_query.SelectStmt) []int {
+// valuesKeyword returns the token index of the VALUES keyword of an INSERT's rows: the
+// last one before the first location inside the rows; -1 (an internal error) when there
+// is none.
+func (p *planner) valuesKeyword(sel *pg_query.SelectStmt) int {
 	toks := p.tokens()
 	first := minLocation(sel.ValuesLists)
 	i := toks.at(first) - 1
@@ -205,6 +243,17 @@ func (p *planner) rowCloses(sel *pg_query.SelectStmt) []int {
 	}
 	if first < 0 || i < 0 {
 		p.internal(first, "the VALUES rows")
+		return -1
+	}
+	return i
+}
+
+// rowCloses returns the token index of the ")" that ends each VALUES row.
+// The rows start right after the VALUES keyword.
+func (p *planner) rowCloses(sel *pg_query.SelectStmt) []int {
+	toks := p.tokens()
+	i := p.valuesKeyword(sel)
+	if i < 0 {
 		return nil
 	}
 	closes := make([]int, 0, len(sel.ValuesLists))

@@ -177,6 +177,41 @@ func TestPostgresFillRulesStoreIDs(t *testing.T) {
 	}
 }
 
+// TestPostgresStaleCatalog: an INSERT without a column list is planned by the catalog's
+// columns, which the proxy reads once a minute. When a column before the key has been
+// dropped since, the client's row is laid out for the new columns; the rewrite names the
+// columns it planned for, so the server refuses the statement (42703) and stores nothing,
+// where the ID used to go into the column that took the key's old place.
+func TestPostgresStaleCatalog(t *testing.T) {
+	conn, ctx := connect(t)
+	if _, err := conn.Exec(ctx, "CREATE TABLE stale (note text, id bigint, item text)").ReadAll(); err != nil {
+		t.Fatal(err)
+	}
+	rw, err := New(Settings{Fill: []FillRule{{Table: "stale", Column: "id", Tag: "order"}},
+		Catalog: mapCatalog{"public.stale": {Columns: []string{"note", "id", "item"}, Types: []string{"text", "bigint", "text"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "ALTER TABLE stale DROP COLUMN note").ReadAll(); err != nil {
+		t.Fatal(err)
+	}
+	// Written for (id, item): the key by its default, no item.
+	p := mustPlan(t, rw, "INSERT INTO stale VALUES (DEFAULT, NULL)")
+	sql := string(p.AppendLiteral(nil, ids(1000, len(p.Slots))))
+	_, err = conn.Exec(ctx, sql).ReadAll()
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "42703" {
+		t.Errorf("%s: %v, want 42703 (the dropped column named)", sql, err)
+	}
+	res, err := conn.Exec(ctx, "SELECT count(*) FROM stale").ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := string(res[0].Rows[0][0]); n != "0" {
+		t.Errorf("stale holds %s rows after %s, want 0", n, sql)
+	}
+}
+
 func TestPostgresPrepareExecute(t *testing.T) {
 	conn, ctx := connect(t)
 	rw, err := New(goldenSettings)

@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"strings"
-	"time"
 
 	"github.com/leafproxy/leafproxy/internal/keyexchange"
 )
@@ -60,16 +59,14 @@ func upstreamNetwork(addr string) string {
 func (s *Server) dialUpstream(ctx context.Context, addr string) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.dialTimeout())
 	defer cancel()
-	offer := s.keyExchanges.Offer(addr, time.Now())
-	c, err := s.dialUpstreamOffering(ctx, addr, offer)
-	var hs *handshakeError
-	if offer != 0 && errors.As(err, &hs) {
-		// The server no longer takes the key exchange it chose before (see
-		// package keyexchange): a new connection offers them all.
-		s.keyExchanges.Failed(addr, time.Now())
-		return s.dialUpstreamOffering(ctx, addr, 0)
-	}
-	return c, err
+	return keyexchange.Dial(&s.keyExchanges, addr, func(offer tls.CurveID) (net.Conn, *tls.ConnectionState, error) {
+		c, err := s.dialUpstreamOffering(ctx, addr, offer)
+		if tc, ok := c.(*tls.Conn); ok {
+			st := tc.ConnectionState()
+			return c, &st, err
+		}
+		return c, nil, err
+	})
 }
 
 // dialUpstreamOffering is dialUpstream, offering the key exchange offer alone in a TLS
@@ -96,12 +93,6 @@ func (s *Server) dialUpstreamOffering(ctx context.Context, addr string, offer tl
 	}
 	return tc, nil
 }
-
-// handshakeError is a failed TLS handshake with the upstream.
-type handshakeError struct{ err error }
-
-func (e *handshakeError) Error() string { return "TLS handshake with upstream: " + e.err.Error() }
-func (e *handshakeError) Unwrap() error { return e.err }
 
 func (s *Server) startUpstreamTLS(ctx context.Context, c net.Conn, mode SSLMode, addr string, offer tls.CurveID) (net.Conn, error) {
 	if dl, ok := ctx.Deadline(); ok {
@@ -134,10 +125,7 @@ func (s *Server) startUpstreamTLS(ctx context.Context, c net.Conn, mode SSLMode,
 	keyexchange.Restrict(cfg, offer)
 	tc := tls.Client(&tlsTransport{Conn: c}, cfg)
 	if err := tc.HandshakeContext(ctx); err != nil {
-		return nil, &handshakeError{err}
-	}
-	if offer == 0 {
-		s.keyExchanges.Learn(addr, tc.ConnectionState().CurveID, time.Now())
+		return nil, &keyexchange.HandshakeError{Err: fmt.Errorf("TLS handshake with upstream: %w", err)}
 	}
 	return tc, nil
 }

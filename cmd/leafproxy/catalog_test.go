@@ -339,11 +339,7 @@ func TestCatalogSchemasDiffer(t *testing.T) {
 	dsn := newStore(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	direct, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer direct.Close(ctx)
+	direct := connectDB(t, dsn)
 	if _, err := direct.Exec(ctx, `CREATE SCHEMA app;
 		CREATE TABLE orders (id bigint, item text);
 		CREATE TABLE app.orders (item text, id bigint)`); err != nil {
@@ -356,11 +352,7 @@ func TestCatalogSchemasDiffer(t *testing.T) {
 		return strings.Contains(log, "filled tables whose columns differ between schemas") && strings.Contains(log, `"tables":"orders"`)
 	})
 	s.waitFor("the proxy accepting connections", func() bool { return strings.Contains(s.log.String(), "proxy accepting connections") })
-	conn, err := pgx.Connect(ctx, proxyURL(t, dsn, s.listen))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := connectDB(t, proxyURL(t, dsn, s.listen))
 	if _, err := conn.Exec(ctx, "SET search_path = app, public"); err != nil {
 		t.Fatal(err)
 	}

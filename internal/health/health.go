@@ -8,7 +8,6 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -164,27 +163,13 @@ func DialPostgres(ctx context.Context, addr string) error {
 }
 
 // dialPostgres is DialPostgres, returning the state of the TLS handshake when there was
-// one. It offers the key exchange remembered for addr alone; when that handshake fails,
-// it notes the failure and probes again offering them all.
+// one; the key exchange it offers is probeKeyExchanges' (see keyexchange.Dial).
 func dialPostgres(ctx context.Context, addr string) (*tls.ConnectionState, error) {
-	offer := probeKeyExchanges.Offer(addr, time.Now())
-	st, err := dialPostgresOffering(ctx, addr, offer)
-	var hs *handshakeError
-	if offer != 0 && errors.As(err, &hs) {
-		probeKeyExchanges.Failed(addr, time.Now())
-		return dialPostgresOffering(ctx, addr, 0)
-	}
-	if st != nil && offer == 0 {
-		probeKeyExchanges.Learn(addr, st.CurveID, time.Now())
-	}
-	return st, err
+	return keyexchange.Dial(&probeKeyExchanges, addr, func(offer tls.CurveID) (*tls.ConnectionState, *tls.ConnectionState, error) {
+		st, err := dialPostgresOffering(ctx, addr, offer)
+		return st, st, err
+	})
 }
-
-// handshakeError is a failed TLS handshake.
-type handshakeError struct{ err error }
-
-func (e *handshakeError) Error() string { return "TLS handshake: " + e.err.Error() }
-func (e *handshakeError) Unwrap() error { return e.err }
 
 // dialPostgresOffering is one probe, offering the key exchange offer alone in a TLS
 // handshake, or every one when offer is 0.
@@ -217,7 +202,7 @@ func dialPostgresOffering(ctx context.Context, addr string, offer tls.CurveID) (
 		keyexchange.Restrict(cfg, offer)
 		tc := tls.Client(c, cfg)
 		if err := tc.HandshakeContext(ctx); err != nil {
-			return nil, &handshakeError{err}
+			return nil, &keyexchange.HandshakeError{Err: fmt.Errorf("TLS handshake: %w", err)}
 		}
 		st := tc.ConnectionState()
 		return &st, tc.Close()

@@ -18,6 +18,7 @@ package keyexchange
 
 import (
 	"crypto/tls"
+	"errors"
 	"sync"
 	"time"
 )
@@ -91,4 +92,31 @@ func (m *Memory) Failed(addr string, now time.Time) {
 		m.byAddr = make(map[string]choice)
 	}
 	m.byAddr[addr] = choice{at: now}
+}
+
+// HandshakeError marks a dial's error as the failure of its TLS handshake (see Dial).
+type HandshakeError struct{ Err error }
+
+func (e *HandshakeError) Error() string { return e.Err.Error() }
+func (e *HandshakeError) Unwrap() error { return e.Err }
+
+// Dial connects to the server at addr with dial, which offers the key exchange it is given
+// alone in its TLS handshake (0: every one; see Restrict) and returns the connection, the
+// state of that handshake (nil without TLS), and a *HandshakeError when the handshake
+// failed. Dial offers what m remembers for addr and learns from a handshake that offered
+// them all; when a handshake offering the remembered one fails, it notes the failure and
+// dials again offering them all.
+func Dial[C any](m *Memory, addr string, dial func(offer tls.CurveID) (C, *tls.ConnectionState, error)) (C, error) {
+	offer := m.Offer(addr, time.Now())
+	c, st, err := dial(offer)
+	var hs *HandshakeError
+	if offer != 0 && errors.As(err, &hs) {
+		m.Failed(addr, time.Now())
+		offer = 0
+		c, st, err = dial(offer)
+	}
+	if err == nil && st != nil && offer == 0 {
+		m.Learn(addr, st.CurveID, time.Now())
+	}
+	return c, err
 }

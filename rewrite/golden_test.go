@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -45,6 +46,18 @@ var goldenCatalog = mapCatalog{
 // mapCatalog is a Catalog keyed by "schema.table". An unqualified name gets public's
 // table: the tests' other schemas hold no table of the same name.
 type mapCatalog map[string]Table
+
+// Schemas lists the schemas of m's keys that name table.
+func (m mapCatalog) Schemas(table string) []string {
+	var out []string
+	for k := range m {
+		if schema, name, _ := strings.Cut(k, "."); name == table {
+			out = append(out, schema)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
 
 func (m mapCatalog) Table(schema, table string) (Table, bool) {
 	if schema == "" {

@@ -1,6 +1,7 @@
 package rewrite
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 
@@ -9,14 +10,15 @@ import (
 	"github.com/leafproxy/leafproxy/internal/sqlstate"
 )
 
-// rules returns the fill rules for an INSERT or MERGE target.
+// rules returns the fill rules for an INSERT, COPY or MERGE target.
 func (r *Rewriter) rules(rel *pg_query.RangeVar) []fillRule {
 	if rel == nil || len(r.fill) == 0 {
 		return nil
 	}
+	schema := r.schemaOf(rel)
 	var out []fillRule
 	for _, f := range r.fill {
-		if f.Table == rel.Relname && (f.Schema == "" || f.Schema == rel.Schemaname) {
+		if f.Table == rel.Relname && (f.Schema == "" || f.Schema == schema) {
 			f.max = r.keyMax(rel, f)
 			out = append(out, f)
 		}
@@ -24,13 +26,68 @@ func (r *Rewriter) rules(rel *pg_query.RangeVar) []fillRule {
 	return out
 }
 
+// schemaOf returns the schema a target is planned by: its qualifier, or for an
+// unqualified name the one schema the catalog knows to hold a table of that name (the
+// search_path can reach no other), else "".
+func (r *Rewriter) schemaOf(rel *pg_query.RangeVar) string {
+	if rel.Schemaname != "" || r.catalog == nil {
+		return rel.Schemaname
+	}
+	if s := r.catalog.Schemas(rel.Relname); len(s) == 1 {
+		return s[0]
+	}
+	return ""
+}
+
+// ambiguous returns, for an unqualified target, the schemas holding a table of its name
+// when a rule fills the table of one of them and there are others: which one the
+// session's search_path reaches the proxy cannot tell. Nil otherwise.
+func (r *Rewriter) ambiguous(rel *pg_query.RangeVar) []string {
+	if rel == nil || rel.Schemaname != "" || r.catalog == nil {
+		return nil
+	}
+	var schemas []string
+	for _, f := range r.fill {
+		if f.Schema == "" || f.Table != rel.Relname {
+			continue
+		}
+		if schemas == nil {
+			if schemas = r.catalog.Schemas(rel.Relname); len(schemas) < 2 {
+				return nil
+			}
+		}
+		if slices.Contains(schemas, f.Schema) {
+			return schemas
+		}
+	}
+	return nil
+}
+
+// rules returns the fill rules for an INSERT, COPY or MERGE target, failing the plan
+// (0A000) when the target's name is unqualified and may reach a filled table or another
+// of the same name (see Rewriter.ambiguous).
+func (p *planner) rules(rel *pg_query.RangeVar) []fillRule {
+	if schemas := p.rw.ambiguous(rel); schemas != nil {
+		names := make([]string, len(schemas))
+		for i, s := range schemas {
+			names[i] = quoteIdent(s) + "." + quoteIdent(rel.Relname)
+		}
+		p.fail(p.errAt(sqlstate.FeatureNotSupported, int(rel.Location),
+			"Qualify the name with its schema ("+strings.Join(names, " or ")+"): the proxy fills one of these tables, and cannot tell which one the search_path reaches.",
+			"%s is not qualified with a schema, and more than one schema has a table of that name", rel.Relname))
+		return nil
+	}
+	return p.rw.rules(rel)
+}
+
 // table asks the catalog for the columns of an INSERT or COPY target, by its name as
-// written (schema "" when unqualified).
+// written (schema "" when unqualified), or by the schema an unqualified name can only
+// mean (see schemaOf).
 func (r *Rewriter) table(rel *pg_query.RangeVar) (Table, bool) {
 	if r.catalog == nil {
 		return Table{}, false
 	}
-	return r.catalog.Table(rel.Schemaname, rel.Relname)
+	return r.catalog.Table(r.schemaOf(rel), rel.Relname)
 }
 
 // keyPosition returns the 0-based position of the rule's column among the
@@ -84,7 +141,7 @@ func (p *planner) insert(ins *pg_query.InsertStmt) {
 	for _, r := range ins.ReturningList {
 		p.refuse(r, "RETURNING")
 	}
-	rules := p.rw.rules(ins.Relation)
+	rules := p.rules(ins.Relation)
 	if len(rules) == 0 {
 		return
 	}
@@ -312,7 +369,7 @@ func (p *planner) defaultValues(ins *pg_query.InsertStmt, rules []fillRule) {
 // needsFill reports the first fill rule an INSERT nested in a refused
 // context would need, and where to point the error.
 func (p *planner) needsFill(ins *pg_query.InsertStmt) (*fillRule, int) {
-	rules := p.rw.rules(ins.Relation)
+	rules := p.rules(ins.Relation)
 	for i := range rules {
 		if !hasValueFor(ins.Cols, ins.SelectStmt, rules[i].Column) {
 			return &rules[i], int(ins.Relation.Location)
@@ -354,7 +411,7 @@ func (p *planner) copyFrom(c *pg_query.CopyStmt) {
 	if !c.IsFrom {
 		return
 	}
-	rules := p.rw.rules(c.Relation)
+	rules := p.rules(c.Relation)
 	if len(c.Attlist) == 0 {
 		for _, rule := range rules {
 			p.fail(p.errAt(sqlstate.FeatureNotSupported, int(c.Relation.Location),
@@ -520,7 +577,7 @@ func columnName(list []*pg_query.Node, col string) bool {
 // merge refuses a MERGE whose INSERT action into a filled table would need
 // the key filled: the action runs once per source row.
 func (p *planner) merge(m *pg_query.MergeStmt) {
-	rules := p.rw.rules(m.Relation)
+	rules := p.rules(m.Relation)
 	for _, w := range m.MergeWhenClauses {
 		wc := w.GetMergeWhenClause()
 		if wc == nil || wc.CommandType != pg_query.CmdType_CMD_INSERT {

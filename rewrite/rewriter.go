@@ -19,7 +19,7 @@ const DefaultCacheSize = 4096
 // Names compare exactly with the names PostgreSQL resolves: an unquoted
 // ORDERS in SQL is orders, a quoted "Orders" is Orders.
 type FillRule struct {
-	Schema string // "" matches the table in any schema, qualified or not; otherwise only names qualified with Schema
+	Schema string // "" matches the table in any schema, qualified or not; otherwise names qualified with Schema, and an unqualified name only Schema holds (see Catalog)
 	Table  string
 	Column string
 	Tag    string
@@ -47,10 +47,19 @@ type Settings struct {
 // Catalog gives a filled table's columns as the database's catalog lists
 // them. Schema is the INSERT's or COPY's qualifier, or "" for an unqualified
 // name, which the session's search_path resolves: a catalog answers for it
-// only with columns that hold whichever schema's table the name reaches. It
-// must be safe for concurrent use.
+// only with columns that hold whichever schema's table the name reaches.
+//
+// Schemas names the schemas, sorted, that hold a table of the name, filled or
+// not (temporary schemas left out), nil when the catalog knows of none. A rule
+// that names a schema fills an unqualified name that only its schema holds,
+// and an INSERT, COPY or MERGE into an unqualified name that its schema and
+// another hold is refused: the proxy cannot tell which one the search_path
+// reaches.
+//
+// A Catalog must be safe for concurrent use.
 type Catalog interface {
 	Table(schema, table string) (Table, bool)
+	Schemas(table string) []string
 }
 
 // Table is a table's columns in attnum order, dropped columns left out.

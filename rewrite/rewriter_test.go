@@ -437,6 +437,12 @@ type swapCatalog struct {
 	m  mapCatalog
 }
 
+func (c *swapCatalog) Schemas(table string) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.m.Schemas(table)
+}
+
 func (c *swapCatalog) Table(schema, table string) (Table, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -476,5 +482,72 @@ func TestCatalogChangedDropsPlans(t *testing.T) {
 	p, err := rw.Plan("INSERT INTO t VALUES ('b', NULL)")
 	if err != nil || p == nil || len(p.Slots) != 1 || p.Slots[0].Max != math.MaxInt32 {
 		t.Fatalf("after the change: plan %+v, %v; want one slot with the integer maximum", p, err)
+	}
+}
+
+// A rule that names a schema fills an INSERT or COPY that leaves the name unqualified
+// when the catalog knows no other schema with a table of that name; when another has
+// one, the statement is refused (0A000), since the search_path decides which table it
+// reaches; when only another schema has one, the rule does not apply. A plan made under
+// one catalog goes with CatalogChanged.
+func TestQualifiedRuleUnqualifiedName(t *testing.T) {
+	tickets := Table{Columns: []string{"id", "item"}, Types: []string{"bigint", "text"}}
+	cat := &swapCatalog{m: mapCatalog{"public.tickets": tickets}}
+	rw, err := New(Settings{Fill: []FillRule{{Schema: "public", Table: "tickets", Column: "id", Tag: "t"}}, Catalog: cat})
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := func(m mapCatalog) {
+		cat.mu.Lock()
+		cat.m = m
+		cat.mu.Unlock()
+		rw.CatalogChanged()
+	}
+	literal := func(sql string) string {
+		t.Helper()
+		p, err := rw.Plan(sql)
+		if err != nil {
+			t.Fatalf("Plan(%q): %v", sql, err)
+		}
+		if p == nil {
+			return sql
+		}
+		return string(p.AppendLiteral(nil, []int64{7}))
+	}
+	for _, c := range [][2]string{
+		{"INSERT INTO tickets (item) VALUES ('a')", "INSERT INTO tickets (item, id) VALUES ('a', 7::int8)"},
+		{"INSERT INTO tickets VALUES (DEFAULT, 'b')", "INSERT INTO tickets (id, item) VALUES (7::int8, 'b')"},
+		{"INSERT INTO public.tickets (item) VALUES ('c')", "INSERT INTO public.tickets (item, id) VALUES ('c', 7::int8)"},
+	} {
+		if got := literal(c[0]); got != c[1] {
+			t.Errorf("one schema holds tickets: %s became %s, want %s", c[0], got, c[1])
+		}
+	}
+	if p, err := rw.Plan("COPY tickets (item) FROM STDIN"); err != nil || p == nil || p.CopyFill == nil {
+		t.Errorf("COPY into the unqualified tickets: plan %+v, %v; want the key added to its rows", p, err)
+	}
+
+	set(mapCatalog{"public.tickets": tickets, "app.tickets": tickets})
+	for _, sql := range []string{
+		"INSERT INTO tickets (item) VALUES ('a')",
+		"INSERT INTO tickets (id, item) VALUES (1, 'a')",
+		"COPY tickets (item) FROM STDIN",
+		"WITH x AS (INSERT INTO tickets (item) VALUES ('a') RETURNING 1) SELECT 1",
+	} {
+		var e *Error
+		if _, err := rw.Plan(sql); !errors.As(err, &e) || e.Code != "0A000" || !strings.Contains(e.Hint, "app.tickets or public.tickets") {
+			t.Errorf("two schemas hold tickets: %s planned with %v, want 0A000 naming both tables", sql, err)
+		}
+	}
+	if got, want := literal("INSERT INTO app.tickets (item) VALUES ('a')"), "INSERT INTO app.tickets (item) VALUES ('a')"; got != want {
+		t.Errorf("qualified with the schema no rule names: %s, want it unchanged", got)
+	}
+	if got, want := literal("INSERT INTO public.tickets (item) VALUES ('a')"), "INSERT INTO public.tickets (item, id) VALUES ('a', 7::int8)"; got != want {
+		t.Errorf("qualified with the rule's schema: %s, want %s", got, want)
+	}
+
+	set(mapCatalog{"app.tickets": tickets})
+	if got, want := literal("INSERT INTO tickets (item) VALUES ('a')"), "INSERT INTO tickets (item) VALUES ('a')"; got != want {
+		t.Errorf("only app holds tickets: %s, want it unchanged", got)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,10 +45,13 @@ func (n tableName) String() string {
 // Which table an unqualified name reaches depends on the session's search_path, which
 // the proxy does not follow. So an unqualified name gets the columns its table has in
 // every schema (and database) that holds one, and no entry when they differ: an INSERT
-// without a column list into it is then refused too (see unqualified).
+// without a column list into it is then refused too (see unqualified). A rule that
+// names a schema fills an unqualified name only when no other schema holds a table of
+// that name; the catalog therefore also lists, for each filled table's name, every
+// schema that holds one (see Schemas).
 type catalog struct {
 	conn *pgx.ConnConfig // the store's settings at the upstream's address
-	snap atomic.Pointer[map[tableName]rewrite.Table]
+	snap atomic.Pointer[catalogSnap]
 
 	mu    sync.Mutex
 	rules []config.FillRule // the rules whose tables are read; setRules replaces them
@@ -74,9 +78,18 @@ func newCatalog(store, upstream string, rules []config.FillRule) (*catalog, erro
 	cc.ConnectTimeout = 10 * time.Second
 	cc.RuntimeParams["application_name"] = "leafproxy catalog"
 	c := &catalog{conn: cc, rules: rules}
-	empty := map[tableName]rewrite.Table{}
-	c.snap.Store(&empty)
+	c.snap.Store(&catalogSnap{tables: map[tableName]rewrite.Table{}, schemas: map[string][]string{}})
 	return c, nil
+}
+
+// catalogSnap is one reading of the catalog, replaced as a whole.
+type catalogSnap struct {
+	tables map[tableName]rewrite.Table
+	// schemas lists, for the name of each table a rule fills, the schemas that hold a
+	// table of that name in any database read, filled or not, sorted. Temporary schemas
+	// are left out: another session's temporary table must not make the name ambiguous
+	// for every session (a session's own is a limitation the README states).
+	schemas map[string][]string
 }
 
 // setRules makes the next load read the tables of rules.
@@ -88,8 +101,13 @@ func (c *catalog) setRules(rules []config.FillRule) {
 
 // Table implements rewrite.Catalog: schema "" asks for an unqualified name.
 func (c *catalog) Table(schema, table string) (rewrite.Table, bool) {
-	t, ok := (*c.snap.Load())[tableName{schema, table}]
+	t, ok := c.snap.Load().tables[tableName{schema, table}]
 	return t, ok
+}
+
+// Schemas implements rewrite.Catalog.
+func (c *catalog) Schemas(table string) []string {
+	return c.snap.Load().schemas[table]
 }
 
 // catalogQuery lists the columns of the tables named $1 in every schema, in attnum order.
@@ -107,7 +125,7 @@ func (c *catalog) load(ctx context.Context) (changed bool, err error) {
 	c.mu.Lock()
 	rules, dbs := c.rules, c.dbs
 	c.mu.Unlock()
-	snap, err := c.read(ctx, c.conn.Copy(), rules)
+	snap, schemas, err := c.read(ctx, c.conn.Copy(), rules)
 	if err != nil {
 		return false, err
 	}
@@ -115,26 +133,31 @@ func (c *catalog) load(ctx context.Context) (changed bool, err error) {
 	for _, db := range dbs {
 		cc := c.conn.Copy()
 		cc.Host, cc.Port, cc.Database = db.host, db.port, db.name
-		other, err := c.read(ctx, cc, rules)
+		other, otherSchemas, err := c.read(ctx, cc, rules)
 		if err != nil {
 			return false, fmt.Errorf("database %s at %s: %w", db.name, db.addr, err)
 		}
 		differ = mergeCatalog(snap, other, differ)
+		for name, list := range otherSchemas {
+			schemas[name] = slices.Compact(slices.Sorted(slices.Values(append(schemas[name], list...))))
+		}
 	}
 	ambiguous := unqualified(snap, rules, differ)
 	c.mu.Lock()
 	c.differ, c.ambiguous = differ, ambiguous
 	c.mu.Unlock()
-	changed = !reflect.DeepEqual(*c.snap.Load(), snap)
-	c.snap.Store(&snap)
+	next := &catalogSnap{tables: snap, schemas: schemas}
+	changed = !reflect.DeepEqual(c.snap.Load(), next)
+	c.snap.Store(next)
 	return changed, nil
 }
 
-// read reads the columns of the tables rules fill from the database cc connects to.
-func (c *catalog) read(ctx context.Context, cc *pgx.ConnConfig, rules []config.FillRule) (map[tableName]rewrite.Table, error) {
+// read reads the columns of the tables rules fill from the database cc connects to, and
+// the schemas that hold a table of each filled table's name (see catalogSnap).
+func (c *catalog) read(ctx context.Context, cc *pgx.ConnConfig, rules []config.FillRule) (map[tableName]rewrite.Table, map[string][]string, error) {
 	conn, err := pgx.ConnectConfig(ctx, cc)
 	if err != nil {
-		return nil, fmt.Errorf("catalog: %w", err)
+		return nil, nil, fmt.Errorf("catalog: %w", err)
 	}
 	defer conn.Close(context.Background())
 	var names []string
@@ -143,11 +166,16 @@ func (c *catalog) read(ctx context.Context, cc *pgx.ConnConfig, rules []config.F
 	}
 	rows, err := conn.Query(ctx, catalogQuery, names)
 	if err != nil {
-		return nil, fmt.Errorf("catalog: %w", err)
+		return nil, nil, fmt.Errorf("catalog: %w", err)
 	}
 	snap := map[tableName]rewrite.Table{}
+	schemas := map[string][]string{}
 	var schema, table, column, typ string
 	_, err = pgx.ForEachRow(rows, []any{&schema, &table, &column, &typ}, func() error {
+		// Rows come by schema, then table: a name's schemas come in order.
+		if list := schemas[table]; !temporarySchema(schema) && (len(list) == 0 || list[len(list)-1] != schema) {
+			schemas[table] = append(list, schema)
+		}
 		if !filled(rules, schema, table) {
 			return nil
 		}
@@ -159,9 +187,14 @@ func (c *catalog) read(ctx context.Context, cc *pgx.ConnConfig, rules []config.F
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("catalog: %w", err)
+		return nil, nil, fmt.Errorf("catalog: %w", err)
 	}
-	return snap, nil
+	return snap, schemas, nil
+}
+
+// temporarySchema reports whether schema holds sessions' temporary tables.
+func temporarySchema(schema string) bool {
+	return strings.HasPrefix(schema, "pg_temp_") || strings.HasPrefix(schema, "pg_toast_temp_")
 }
 
 // unqualified adds to snap the entry of each unqualified name that a rule without a

@@ -235,6 +235,7 @@ func TestCatalogLoad(t *testing.T) {
 		"CREATE TABLE app.orders (id integer, note text)",
 		"CREATE TABLE invoices (n int)",
 		"CREATE TABLE billing.invoices (no smallint)",
+		"CREATE TEMP TABLE invoices (t int)",
 		"CREATE TABLE unrelated (id bigint)",
 	} {
 		if _, err := direct.Exec(ctx, sql); err != nil {
@@ -257,8 +258,19 @@ func TestCatalogLoad(t *testing.T) {
 		{"app", "orders"}:       {Columns: []string{"id", "note"}, Types: []string{"integer", "text"}},
 		{"billing", "invoices"}: {Columns: []string{"no"}, Types: []string{"smallint"}},
 	}
-	if got := *cat.snap.Load(); !reflect.DeepEqual(got, want) {
+	if got := cat.snap.Load().tables; !reflect.DeepEqual(got, want) {
 		t.Errorf("catalog %v, want %v", got, want)
+	}
+	// invoices is in two schemas, of which only billing's is filled; the temporary table
+	// of another session is not listed.
+	if got := cat.Schemas("invoices"); !slices.Equal(got, []string{"billing", "public"}) {
+		t.Errorf("schemas of invoices %v, want billing and public", got)
+	}
+	if got := cat.Schemas("orders"); !slices.Equal(got, []string{"app", "public"}) {
+		t.Errorf("schemas of orders %v, want app and public", got)
+	}
+	if got := cat.Schemas("unrelated"); got != nil {
+		t.Errorf("schemas of unrelated %v: no rule fills a table of that name", got)
 	}
 	if typ := cat.keyType(rules[1]); typ != "smallint" {
 		t.Errorf("key type of %s = %q, want smallint", rules[1], typ)
@@ -378,6 +390,66 @@ func TestCatalogSchemasDiffer(t *testing.T) {
 	}
 	if app != 2 || public != 1 || keyless != 0 {
 		t.Errorf("app.orders %d rows, public.orders %d, %d without a key or with another value in item; want 2, 1, 0", app, public, keyless)
+	}
+}
+
+// TestCatalogQualifiedRule: a rule that names a schema fills INSERTs and COPYs that name
+// its table without the schema when no other schema has a table of that name (they used
+// to go through with the key left to its default, here a NOT NULL failure), and refuses
+// them (0A000) when another has one, since the search_path decides which table they
+// reach: nothing of the refused statement is stored and the session goes on.
+func TestCatalogQualifiedRule(t *testing.T) {
+	t.Parallel()
+	dsn := newStore(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	direct := connectDB(t, dsn)
+	if _, err := direct.Exec(ctx, `CREATE SCHEMA app;
+		CREATE TABLE tickets (id bigint PRIMARY KEY, item text);
+		CREATE TABLE parcels (id bigint PRIMARY KEY, item text);
+		CREATE TABLE app.parcels (id bigint, item text)`); err != nil {
+		t.Fatal(err)
+	}
+	s := startServe(t, nil, serveArgs(t, dsn, 35, "--fill", "public.tickets.id=order", "--fill", "public.parcels.id=order")...)
+	waitReady(s)
+	s.waitFor("the proxy accepting connections", func() bool { return strings.Contains(s.log.String(), "proxy accepting connections") })
+	conn := connectDB(t, proxyURL(t, dsn, s.listen))
+	for _, sql := range []string{
+		"INSERT INTO tickets (item) VALUES ('named') RETURNING id",
+		"INSERT INTO tickets VALUES (DEFAULT, 'unnamed') RETURNING id",
+	} {
+		var id int64
+		if err := conn.QueryRow(ctx, sql).Scan(&id); err != nil || id <= 0 {
+			t.Errorf("%s: %d, %v", sql, id, err)
+		}
+	}
+	if n, err := conn.CopyFrom(ctx, pgx.Identifier{"tickets"}, []string{"item"}, pgx.CopyFromRows([][]any{{"copied"}, {"copied"}})); err != nil || n != 2 {
+		t.Errorf("COPY into the unqualified tickets: %d rows, %v", n, err)
+	}
+
+	if _, err := conn.Exec(ctx, "SET search_path = app, public"); err != nil {
+		t.Fatal(err)
+	}
+	var pgErr *pgconn.PgError
+	if _, err := conn.Exec(ctx, "INSERT INTO parcels (item) VALUES ('refused')"); !errors.As(err, &pgErr) || pgErr.Code != "0A000" {
+		t.Errorf("INSERT into the unqualified parcels, which app and public hold: %v, want 0A000", err)
+	}
+	for _, sql := range []string{
+		"INSERT INTO public.parcels (item) VALUES ('public')",
+		"INSERT INTO app.parcels (item) VALUES ('app')",
+	} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Errorf("%s: %v", sql, err)
+		}
+	}
+	var tickets, public, appFilled, refused int
+	if err := direct.QueryRow(ctx, `SELECT (SELECT count(*) FROM tickets), (SELECT count(*) FROM public.parcels WHERE item = 'public'),
+		(SELECT count(*) FROM app.parcels WHERE id IS NOT NULL),
+		(SELECT count(*) FROM public.parcels WHERE item = 'refused') + (SELECT count(*) FROM app.parcels WHERE item = 'refused')`).Scan(&tickets, &public, &appFilled, &refused); err != nil {
+		t.Fatal(err)
+	}
+	if tickets != 4 || public != 1 || appFilled != 0 || refused != 0 {
+		t.Errorf("tickets %d rows, public.parcels %d, app.parcels %d with a key, %d refused rows stored; want 4, 1, 0, 0", tickets, public, appFilled, refused)
 	}
 }
 

@@ -365,13 +365,7 @@ func TestCatalogSchemasDiffer(t *testing.T) {
 	})
 	s.waitFor("the proxy accepting connections", func() bool { return strings.Contains(s.log.String(), "proxy accepting connections") })
 	conn := connectDB(t, proxyURL(t, dsn, s.listen))
-	if _, err := conn.Exec(ctx, "SET search_path = app, public"); err != nil {
-		t.Fatal(err)
-	}
-	var pgErr *pgconn.PgError
-	if _, err := conn.Exec(ctx, "INSERT INTO orders VALUES (DEFAULT, DEFAULT)"); !errors.As(err, &pgErr) || pgErr.Code != "0A000" {
-		t.Errorf("INSERT without a column list into the unqualified orders: %v, want 0A000", err)
-	}
+	refusedOnAppPath(ctx, t, conn, "INSERT INTO orders VALUES (DEFAULT, DEFAULT)")
 	for _, sql := range []string{
 		"INSERT INTO app.orders VALUES ('app', DEFAULT) RETURNING id",
 		"INSERT INTO public.orders VALUES (DEFAULT, 'public') RETURNING id",
@@ -427,13 +421,7 @@ func TestCatalogQualifiedRule(t *testing.T) {
 		t.Errorf("COPY into the unqualified tickets: %d rows, %v", n, err)
 	}
 
-	if _, err := conn.Exec(ctx, "SET search_path = app, public"); err != nil {
-		t.Fatal(err)
-	}
-	var pgErr *pgconn.PgError
-	if _, err := conn.Exec(ctx, "INSERT INTO parcels (item) VALUES ('refused')"); !errors.As(err, &pgErr) || pgErr.Code != "0A000" {
-		t.Errorf("INSERT into the unqualified parcels, which app and public hold: %v, want 0A000", err)
-	}
+	refusedOnAppPath(ctx, t, conn, "INSERT INTO parcels (item) VALUES ('refused')")
 	for _, sql := range []string{
 		"INSERT INTO public.parcels (item) VALUES ('public')",
 		"INSERT INTO app.parcels (item) VALUES ('app')",
@@ -450,6 +438,19 @@ func TestCatalogQualifiedRule(t *testing.T) {
 	}
 	if tickets != 4 || public != 1 || appFilled != 0 || refused != 0 {
 		t.Errorf("tickets %d rows, public.parcels %d, app.parcels %d with a key, %d refused rows stored; want 4, 1, 0, 0", tickets, public, appFilled, refused)
+	}
+}
+
+// refusedOnAppPath sets conn's search_path to app, public and checks that sql, which
+// names a table of both schemas without its schema, is refused with 0A000.
+func refusedOnAppPath(ctx context.Context, t *testing.T, conn *pgx.Conn, sql string) {
+	t.Helper()
+	if _, err := conn.Exec(ctx, "SET search_path = app, public"); err != nil {
+		t.Fatal(err)
+	}
+	var pgErr *pgconn.PgError
+	if _, err := conn.Exec(ctx, sql); !errors.As(err, &pgErr) || pgErr.Code != "0A000" {
+		t.Errorf("%s, whose table app and public both hold: %v, want 0A000", sql, err)
 	}
 }
 

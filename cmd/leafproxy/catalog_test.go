@@ -286,6 +286,14 @@ func TestCatalogLoad(t *testing.T) {
 	if changed, err := cat.load(ctx); err != nil || changed {
 		t.Errorf("second load without DDL: changed %v, %v", changed, err)
 	}
+	// A table of a filled name in another schema changes what an unqualified name may
+	// reach, though no filled table's columns change: the plans must go.
+	if _, err := direct.Exec(ctx, "CREATE TABLE app.invoices (z int)"); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := cat.load(ctx); err != nil || !changed || !slices.Equal(cat.Schemas("invoices"), []string{"app", "billing", "public"}) {
+		t.Errorf("load after CREATE TABLE app.invoices: changed %v, %v; schemas %v", changed, err, cat.Schemas("invoices"))
+	}
 	if _, err := direct.Exec(ctx, "ALTER TABLE orders ADD COLUMN qty int"); err != nil {
 		t.Fatal(err)
 	}

@@ -40,34 +40,39 @@ func (r *Rewriter) schemaOf(rel *pg_query.RangeVar) string {
 }
 
 // ambiguous returns, for an unqualified target, the schemas holding a table of its name
-// when a rule fills the table of one of them and there are others: which one the
+// and the rules that fill the table of one of them, when there are others: which one the
 // session's search_path reaches the proxy cannot tell. Nil otherwise.
-func (r *Rewriter) ambiguous(rel *pg_query.RangeVar) []string {
+func (r *Rewriter) ambiguous(rel *pg_query.RangeVar) (schemas []string, rules []fillRule) {
 	if rel == nil || rel.Schemaname != "" || r.catalog == nil {
-		return nil
+		return nil, nil
 	}
-	var schemas []string
 	for _, f := range r.fill {
 		if f.Schema == "" || f.Table != rel.Relname {
 			continue
 		}
 		if schemas == nil {
 			if schemas = r.catalog.Schemas(rel.Relname); len(schemas) < 2 {
-				return nil
+				return nil, nil
 			}
 		}
 		if slices.Contains(schemas, f.Schema) {
-			return schemas
+			rules = append(rules, f)
 		}
 	}
-	return nil
+	if rules == nil {
+		return nil, nil
+	}
+	return schemas, rules
 }
 
-// rules returns the fill rules for an INSERT, COPY or MERGE target, failing the plan
-// (0A000) when the target's name is unqualified and may reach a filled table or another
-// of the same name (see Rewriter.ambiguous).
-func (p *planner) rules(rel *pg_query.RangeVar) []fillRule {
-	if schemas := p.rw.ambiguous(rel); schemas != nil {
+// rules returns the fill rules for an INSERT, COPY or MERGE target. When the target's
+// name is unqualified and may reach a filled table or another of the same name (see
+// Rewriter.ambiguous), the plan fails (0A000) if the statement needs a key of such a
+// table filled (needs, given the key column; nil when it always would); otherwise only
+// the rules that name no schema apply.
+func (p *planner) rules(rel *pg_query.RangeVar, needs func(column string) bool) []fillRule {
+	schemas, amb := p.rw.ambiguous(rel)
+	if slices.ContainsFunc(amb, func(f fillRule) bool { return needs == nil || needs(f.Column) }) {
 		names := make([]string, len(schemas))
 		for i, s := range schemas {
 			names[i] = quoteIdent(s) + "." + quoteIdent(rel.Relname)
@@ -141,7 +146,7 @@ func (p *planner) insert(ins *pg_query.InsertStmt) {
 	for _, r := range ins.ReturningList {
 		p.refuse(r, "RETURNING")
 	}
-	rules := p.rules(ins.Relation)
+	rules := p.rules(ins.Relation, func(col string) bool { return !hasValueFor(ins.Cols, ins.SelectStmt, col) })
 	if len(rules) == 0 {
 		return
 	}
@@ -369,7 +374,7 @@ func (p *planner) defaultValues(ins *pg_query.InsertStmt, rules []fillRule) {
 // needsFill reports the first fill rule an INSERT nested in a refused
 // context would need, and where to point the error.
 func (p *planner) needsFill(ins *pg_query.InsertStmt) (*fillRule, int) {
-	rules := p.rules(ins.Relation)
+	rules := p.rules(ins.Relation, func(col string) bool { return !hasValueFor(ins.Cols, ins.SelectStmt, col) })
 	for i := range rules {
 		if !hasValueFor(ins.Cols, ins.SelectStmt, rules[i].Column) {
 			return &rules[i], int(ins.Relation.Location)
@@ -411,7 +416,7 @@ func (p *planner) copyFrom(c *pg_query.CopyStmt) {
 	if !c.IsFrom {
 		return
 	}
-	rules := p.rules(c.Relation)
+	rules := p.rules(c.Relation, func(col string) bool { return !columnName(c.Attlist, col) })
 	if len(c.Attlist) == 0 {
 		for _, rule := range rules {
 			p.fail(p.errAt(sqlstate.FeatureNotSupported, int(c.Relation.Location),
@@ -577,7 +582,7 @@ func columnName(list []*pg_query.Node, col string) bool {
 // merge refuses a MERGE whose INSERT action into a filled table would need
 // the key filled: the action runs once per source row.
 func (p *planner) merge(m *pg_query.MergeStmt) {
-	rules := p.rules(m.Relation)
+	rules := p.rules(m.Relation, nil)
 	for _, w := range m.MergeWhenClauses {
 		wc := w.GetMergeWhenClause()
 		if wc == nil || wc.CommandType != pg_query.CmdType_CMD_INSERT {

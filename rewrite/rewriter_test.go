@@ -530,13 +530,25 @@ func TestQualifiedRuleUnqualifiedName(t *testing.T) {
 	set(mapCatalog{"public.tickets": tickets, "app.tickets": tickets})
 	for _, sql := range []string{
 		"INSERT INTO tickets (item) VALUES ('a')",
-		"INSERT INTO tickets (id, item) VALUES (1, 'a')",
+		"INSERT INTO tickets (id, item) VALUES (1, 'a'), (DEFAULT, 'b')",
+		"INSERT INTO tickets VALUES (1, 'a')",
 		"COPY tickets (item) FROM STDIN",
 		"WITH x AS (INSERT INTO tickets (item) VALUES ('a') RETURNING 1) SELECT 1",
+		"MERGE INTO tickets t USING (VALUES (1)) s (n) ON t.id = s.n WHEN NOT MATCHED THEN INSERT (id, item) VALUES (s.n, 'a')",
 	} {
 		var e *Error
 		if _, err := rw.Plan(sql); !errors.As(err, &e) || e.Code != "0A000" || !strings.Contains(e.Hint, "app.tickets or public.tickets") {
 			t.Errorf("two schemas hold tickets: %s planned with %v, want 0A000 naming both tables", sql, err)
+		}
+	}
+	// A statement that gives every key needs no ID, whichever table it reaches.
+	for _, sql := range []string{
+		"INSERT INTO tickets (id, item) VALUES (1, 'a'), (2, 'b')",
+		"INSERT INTO tickets (id, item) SELECT 1, 'a'",
+		"COPY tickets (id, item) FROM STDIN",
+	} {
+		if p, err := rw.Plan(sql); err != nil || p != nil && (len(p.Slots) > 0 || p.CopyFill != nil) {
+			t.Errorf("two schemas hold tickets, every key given: %s planned %+v, %v; want it forwarded", sql, p, err)
 		}
 	}
 	if got, want := literal("INSERT INTO app.tickets (item) VALUES ('a')"), "INSERT INTO app.tickets (item) VALUES ('a')"; got != want {

@@ -198,8 +198,9 @@ func temporarySchema(schema string) bool {
 }
 
 // unqualified adds to snap the entry of each unqualified name that a rule without a
-// schema fills: the columns its table has in every schema of snap, when they are the
-// same everywhere and no schema's table was left out for differing between databases
+// schema fills: the columns its table has in every schema of snap (temporary schemas left
+// out, as in catalogSnap.schemas), when they are the same everywhere and no schema's
+// table was left out for differing between databases
 // (differ, where such a name is already told of). It returns the names left without an
 // entry because their tables differ between schemas, sorted.
 func unqualified(snap map[tableName]rewrite.Table, rules []config.FillRule, differ []tableName) []string {
@@ -215,7 +216,7 @@ func unqualified(snap map[tableName]rewrite.Table, rules []config.FillRule, diff
 		same, found := true, false
 		var layout rewrite.Table
 		for n, t := range snap {
-			if n.table != r.Table || n.schema == "" {
+			if n.table != r.Table || n.schema == "" || temporarySchema(n.schema) {
 				continue
 			}
 			if found && !reflect.DeepEqual(layout, t) {

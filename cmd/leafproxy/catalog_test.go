@@ -322,12 +322,13 @@ func TestCatalogLoad(t *testing.T) {
 // columns its table has in every schema when they are the same everywhere; it gets none
 // when they differ between schemas (and is named) or when one schema's table was left
 // out for differing between databases (already named there); a table that only a rule
-// with a schema fills gets no unqualified entry.
+// with a schema fills gets no unqualified entry; another session's temporary table does
+// not count.
 func TestUnqualified(t *testing.T) {
 	ab := rewrite.Table{Columns: []string{"a", "b"}, Types: []string{"bigint", "text"}}
 	ba := rewrite.Table{Columns: []string{"b", "a"}, Types: []string{"text", "bigint"}}
 	snap := map[tableName]rewrite.Table{
-		{"public", "t"}: ab, {"app", "t"}: ab,
+		{"public", "t"}: ab, {"app", "t"}: ab, {"pg_temp_3", "t"}: ba,
 		{"public", "u"}: ab, {"app", "u"}: ba,
 		{"public", "v"}:  ab,
 		{"billing", "w"}: ab,

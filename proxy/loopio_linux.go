@@ -90,27 +90,31 @@ func (s *fdSource) Read(p []byte) (int, error) {
 	}
 }
 
-// readNonblock and writeNonblock are read(2) and write(2) on a non-blocking socket. Such
-// a call never waits, so it goes to the kernel without the runtime's system-call
+// readNonblock and writeNonblock are recvfrom(2) and sendto(2) on a non-blocking socket.
+// Such a call never waits, so it goes to the kernel without the runtime's system-call
 // bookkeeping (entering and leaving the syscall state, in which the monitor may hand
 // the loop's processor to another thread): an event loop makes four of them per round
-// trip, and the bookkeeping cost about 2% of the proxy's CPU under pgbench.
+// trip, and the bookkeeping cost about 2% of the proxy's CPU under pgbench. The socket
+// calls rather than read(2) and write(2), as PgBouncer makes them: they skip the file
+// layer (position lock, access checks), about 0.2 µs each on a loopback TCP socket; and
+// MSG_NOSIGNAL spares the SIGPIPE of a write to a connection the peer has reset.
 func readNonblock(fd int, p []byte) (int, error) {
-	return rawIO(unix.SYS_READ, fd, p)
+	return socketIO(unix.SYS_RECVFROM, fd, p, 0)
 }
 
 func writeNonblock(fd int, p []byte) (int, error) {
-	return rawIO(unix.SYS_WRITE, fd, p)
+	return socketIO(unix.SYS_SENDTO, fd, p, unix.MSG_NOSIGNAL)
 }
 
-func rawIO(trap uintptr, fd int, p []byte) (int, error) {
+// socketIO is recvfrom or sendto of p on fd, with flags, and no address.
+func socketIO(trap uintptr, fd int, p []byte, flags uintptr) (int, error) {
 	var ptr unsafe.Pointer
 	if len(p) > 0 {
 		ptr = unsafe.Pointer(&p[0])
 	}
-	// syscall's own RawSyscall, a Go function: x/sys/unix's is an assembly stub that
+	// syscall's own RawSyscall6, a Go function: x/sys/unix's is an assembly stub that
 	// reaches it through an ABI wrapper, two more calls per read or write.
-	n, _, errno := syscall.RawSyscall(trap, uintptr(fd), uintptr(ptr), uintptr(len(p)))
+	n, _, errno := syscall.RawSyscall6(trap, uintptr(fd), uintptr(ptr), uintptr(len(p)), flags, 0, 0)
 	if errno != 0 {
 		return 0, errno
 	}

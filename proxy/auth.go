@@ -100,6 +100,9 @@ func (c *conn) authenticate() error {
 				return c.upstreamStartupFailed(err)
 			}
 			c.noteParameterStatus(body)
+			if c.reuse != nil {
+				c.server.recordParameter(body) // for the clients of later sessions
+			}
 			if err := c.writeClient(typ, body); err != nil {
 				return err
 			}

@@ -65,6 +65,8 @@ func (s *Server) forwardCancel(ctx context.Context, packet []byte) {
 	addr := c.upstreamAddr
 	if v := c.pooled(); v != nil {
 		packet, addr = v.cancelTarget() // the server connection the session holds now, if any
+	} else {
+		packet = c.serverCancelPacket(packet)
 	}
 	if packet != nil && (c.pending.Load() != 0 || !c.waitingForID()) {
 		s.cancelUpstream(ctx, addr, packet)

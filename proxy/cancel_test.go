@@ -119,6 +119,14 @@ func (r *cancelCounter) relay(client net.Conn) {
 // (pgx's default), closed when the test ends.
 func connectCancelling(t *testing.T, connURL string) *pgx.Conn {
 	t.Helper()
+	conn := dialCancelling(t, connURL)
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+// dialCancelling is connectCancelling for a connection the caller closes.
+func dialCancelling(t *testing.T, connURL string) *pgx.Conn {
+	t.Helper()
 	cfg, err := pgx.ParseConfig(connURL)
 	if err != nil {
 		t.Fatal(err)
@@ -133,7 +141,6 @@ func connectCancelling(t *testing.T, connURL string) *pgx.Conn {
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
 	return conn
 }
 

@@ -58,6 +58,13 @@ type conn struct {
 
 	upstreamAddr string   // where the session's upstream is (see route); set before the dial
 	poolMode     PoolMode // how the session gets server connections (see route)
+
+	// Giving the server connection to a later session (sessionreuse.go).
+	reuse           *reuseTarget // where it may go; nil: it closes with the session
+	clientLeft      bool         // the client sent Terminate or ended its stream at a message boundary
+	upstreamStopped bool         // the goroutine pair's server side stopped at a message boundary
+	keeping         atomic.Bool  // the goroutine pair's client side is stopping the server side
+	serverKept      bool         // close leaves the server connection open; under mu
 }
 
 func newConnState(s *Server, nc net.Conn) *conn {
@@ -112,6 +119,15 @@ func (c *conn) serve() {
 		adopted = c.servePooled(params) // a parked session goes on without this goroutine
 		return
 	}
+	c.reuse = c.reuseTargetOf(routed, params)
+	if c.reuse != nil {
+		if sc := s.idleServers.take(c.reuse.key); sc != nil {
+			if c.startReused(sc) {
+				adopted = c.run()
+			}
+			return
+		}
+	}
 	if err := c.connectUpstream(routed); err != nil {
 		// The client learns which address failed and how (the dial or TLS error names
 		// addresses only, never credentials), so that a wrong upstream is found from the
@@ -125,12 +141,20 @@ func (c *conn) serve() {
 		c.log.WithError(err).Debug("startup did not complete")
 		return
 	}
+	c.log.Debug("session started")
+	adopted = c.run()
+}
+
+// run serves an established session: an event loop takes it over (reporting true), or
+// this goroutine and another relay it until it ends.
+func (c *conn) run() (adopted bool) {
 	_ = c.client.SetDeadline(noDeadline)
 	_ = c.server.nc.SetDeadline(noDeadline)
-	c.log.Debug("session started")
-	if adopted = s.adopt(c); !adopted {
-		c.relay()
+	if c.srv.adopt(c) {
+		return true
 	}
+	c.relay()
+	return false
 }
 
 // negotiate answers SSLRequest and GSSENCRequest, serves a CancelRequest, and returns the
@@ -241,7 +265,7 @@ func (c *conn) close() {
 	c.cancel()
 	client, key, session := c.client, c.cancelKey, c.session
 	var server net.Conn
-	if c.server != nil {
+	if c.server != nil && !c.serverKept {
 		server = c.server.nc
 	}
 	c.mu.Unlock()
@@ -281,6 +305,19 @@ func (c *conn) setCancelKey(key string) {
 		return
 	}
 	c.server.key = key
+	c.registerCancelKeyLocked(key)
+}
+
+// registerCancelKey registers key as the cancel key the client is being given.
+func (c *conn) registerCancelKey(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.closed {
+		c.registerCancelKeyLocked(key)
+	}
+}
+
+func (c *conn) registerCancelKeyLocked(key string) {
 	if c.cancelKey != "" {
 		c.srv.cancels.remove(c.cancelKey, c)
 	}

@@ -12,7 +12,11 @@ import (
 
 // noteParameterStatus follows the session's client_encoding, DateStyle and TimeZone from
 // a ParameterStatus body.
-func (c *conn) noteParameterStatus(body []byte) {
+func (c *conn) noteParameterStatus(body []byte) { c.server.noteParameterStatus(body) }
+
+// noteParameterStatus follows the server connection's client_encoding, DateStyle and
+// TimeZone from a ParameterStatus body.
+func (sc *serverConn) noteParameterStatus(body []byte) {
 	name, rest, ok := cString(body)
 	if !ok {
 		return
@@ -23,16 +27,16 @@ func (c *conn) noteParameterStatus(body []byte) {
 	}
 	switch name {
 	case "client_encoding":
-		c.server.unsafeEncoding.Store(rewrite.UnsafeCopyEncoding(value))
+		sc.unsafeEncoding.Store(rewrite.UnsafeCopyEncoding(value))
 	case "DateStyle":
-		c.server.timeParams.iso = strings.HasPrefix(value, "ISO")
+		sc.timeParams.iso = strings.HasPrefix(value, "ISO")
 	case "TimeZone":
-		c.server.timeParams.loc = zones.load(value)
+		sc.timeParams.loc = zones.load(value)
 	default:
 		return
 	}
-	tf := c.server.timeParams
-	c.server.timeFormat.Store(&tf)
+	tf := sc.timeParams
+	sc.timeFormat.Store(&tf)
 }
 
 // notesParameter reports whether noteParameterStatus acts on the parameter name.

@@ -136,7 +136,10 @@ func (p goroutinePair) abort() { p.c.close() }
 
 // relay runs an established session on a goroutine pair: this goroutine carries the
 // client's messages upstream while a second one carries the server's messages to the
-// client. Whichever direction ends first closes both connections, which ends the other.
+// client. Whichever direction ends first closes both connections, which ends the other;
+// except that when the client left a server connection fit for another session, the
+// server side is stopped by a read deadline instead, at a message boundary, and the
+// connection is kept (see keepServer).
 func (c *conn) relay() {
 	defer c.recoverPanic()
 	done := make(chan struct{})
@@ -146,13 +149,26 @@ func (c *conn) relay() {
 		if err := c.relayToClient(); err != nil && !c.isClosed() {
 			c.log.WithError(err).Debug("upstream side ended")
 		}
-		c.close()
+		if !c.keeping.Load() {
+			c.close()
+		}
 	}()
 	if err := c.relayToUpstream(); err != nil && !c.isClosed() {
 		c.log.WithError(err).Debug("client side ended")
 	}
-	c.close()
-	<-done
+	if c.leftIdle() {
+		c.keeping.Store(true)
+		c.mu.Lock()
+		if !c.closed {
+			_ = c.server.nc.SetReadDeadline(time.Now())
+		}
+		c.mu.Unlock()
+		<-done
+		c.keepServer(c.upstreamStopped)
+	} else {
+		c.close()
+		<-done
+	}
 	c.log.Debug("session ended")
 }
 

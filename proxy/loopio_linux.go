@@ -283,3 +283,36 @@ func carryOver(br *bufio.Reader, in *endReader, stream io.Reader) *bufio.Reader 
 	}
 	return bufio.NewReaderSize(stream, readBufferSize)
 }
+
+// keepUpstream gives the server connection of a session that ends to a later session
+// when the client left it idle (see conn.leftIdle), reporting whether it did: its
+// descriptor, out of the loop's epoll set, becomes a connection of its own again, as in
+// handOff, and a goroutine resets it (Server.recycle), since a loop must not wait.
+func (ls *loopSession) keepUpstream() bool {
+	c := ls.c
+	if out := ls.upstream.output(); len(out.pending) > 0 || out.err != nil || !c.leftIdle() {
+		return false
+	}
+	nc, err := fileConn(ls.upstream.fd)
+	ls.upstream.fd = -1 // closed by fileConn
+	if err != nil {
+		c.log.WithError(err).Debug("server connection not reused")
+		return true
+	}
+	stream, w := ls.upstream.resume(nc)
+	c.mu.Lock()
+	sc := c.server
+	keep := !c.closed
+	if keep {
+		sc.r.br = carryOver(sc.r.br, &ls.upstream.in, stream)
+		sc.w, sc.nc = w, stream
+		c.serverKept = true
+	}
+	c.mu.Unlock()
+	if !keep {
+		stream.Close()
+		return true
+	}
+	go c.srv.recycle(c.reuse, sc)
+	return true
+}

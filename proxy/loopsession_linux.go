@@ -810,7 +810,9 @@ func (ls *loopSession) teardown() {
 		}
 	} else {
 		l.remove(&ls.upstream)
-		unix.Close(ls.upstream.fd)
+		if !ls.keepUpstream() {
+			unix.Close(ls.upstream.fd)
+		}
 	}
 	delete(l.timed, ls)
 	ls.c.close()

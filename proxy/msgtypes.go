@@ -37,6 +37,8 @@ const (
 	serverEmptyQueryResponse   = 'I'
 	serverErrorResponse        = 'E'
 	serverNoData               = 'n'
+	serverNoticeResponse       = 'N'
+	serverNotification         = 'A' // NotificationResponse
 	serverParameterDescription = 't'
 	serverParameterStatus      = 'S'
 	serverParseComplete        = '1'

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"time"
 
 	"github.com/leafproxy/leafproxy/internal/sqlstate"
@@ -48,7 +49,11 @@ func (c *conn) clientStep() (done bool, err error) {
 
 // clientMessage is clientStep for a message whose header has been read.
 func (c *conn) clientMessage(typ byte, n int) (done bool, err error) {
-	err = c.fromClient(typ, n)
+	if typ == clientTerminate && c.reuse != nil {
+		err = c.leave(n)
+	} else {
+		err = c.fromClient(typ, n)
+	}
 	if err == nil && (typ == clientTerminate || c.cr.br.Buffered() == 0) {
 		if err = c.server.w.Flush(); err != nil {
 			err = writeError{err}
@@ -286,7 +291,11 @@ func (m *plainMemo) freeOfTxWords() bool {
 // backend ends quietly instead of logging an unexpected EOF.
 func (c *conn) clientReadFailed(err error) error {
 	if errors.Is(err, io.EOF) {
-		_ = writeHeader(c.server.w, clientTerminate, 0)
+		if c.reuse != nil {
+			c.clientLeft = true
+		} else {
+			_ = writeHeader(c.server.w, clientTerminate, 0)
+		}
 		_ = c.server.w.Flush()
 		return nil
 	}
@@ -343,6 +352,11 @@ func (c *conn) relayToClient() error {
 func (c *conn) upstreamStep() (done bool, err error) {
 	typ, n, err := c.server.r.next()
 	if err != nil {
+		if c.keeping.Load() && errors.Is(err, os.ErrDeadlineExceeded) {
+			// The client left; the server connection may serve another session.
+			c.upstreamStopped = true
+			return true, nil
+		}
 		return true, c.upstreamReadFailed(err)
 	}
 	return c.upstreamMessage(typ, n)

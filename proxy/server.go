@@ -98,8 +98,16 @@ type Server struct {
 	// PoolMode is PoolSession (the default: a server connection per session) or
 	// PoolTransaction (a server connection of a pool per transaction; see txsession.go).
 	PoolMode PoolMode
-	// Pooling configures the pools of server connections in transaction mode.
+	// Pooling configures the pools of server connections in transaction mode, and the
+	// idle server connections of session mode (ReuseSessionServers).
 	Pooling pool.Settings
+	// ReuseSessionServers lets a server connection in session mode serve later sessions
+	// when the proxy authenticates clients itself (Auth): a session the client leaves
+	// between transactions gives it back, DISCARD ALL resets it, and it waits for the
+	// next session of the same upstream and startup packet, up to Pooling's pool-size
+	// idle per (database, user), for its server-idle-timeout and within its
+	// server-lifetime (see sessionreuse.go).
+	ReuseSessionServers bool
 	// MaxPreparedStatements is the most statements the proxy keeps prepared on a server
 	// connection in transaction mode; past it, the least recently used ones are closed
 	// there as others are prepared (see txstmts.go). Zero means no limit.
@@ -135,6 +143,8 @@ type Server struct {
 	pooling    pooling
 	welcomes   sync.Map  // pool.Key → *welcome: what new clients of a pool are told (txstartup.go)
 	authConns  authConns // idle connections of the auth query (authquery.go)
+	// idleServers are session mode's server connections between sessions.
+	idleServers idleServers
 	// keyExchanges remembers the key exchange each upstream chose.
 	keyExchanges keyexchange.Memory
 
@@ -430,10 +440,11 @@ func (s *Server) closeAllConns() {
 	}
 }
 
-// closePooling closes the pool of server connections, the parking lot and the auth
-// query's connections.
+// closePooling closes the pool of server connections, session mode's idle server
+// connections, the parking lot and the auth query's connections.
 func (s *Server) closePooling() {
 	s.closePool()
+	s.idleServers.close()
 	s.authConns.close()
 	if lot := s.existingParkLot(); lot != nil {
 		lot.close()

@@ -31,15 +31,19 @@ type serverConn struct {
 	// source, touched only by whoever reads the server.
 	timeFormat atomic.Pointer[timeFormat]
 	timeParams timeFormat
+
+	born   time.Time // when it was dialed; server-lifetime ends its reuse
+	params [][]byte  // ParameterStatus bodies, recorded when it may serve later sessions
 }
 
 // newServerConn returns a server connection over nc, whose messages may be maxBody bytes
 // long.
 func newServerConn(nc net.Conn, maxBody int) *serverConn {
 	return &serverConn{
-		nc: nc,
-		r:  msgReader{br: bufio.NewReaderSize(nc, readBufferSize), maxBody: maxBody},
-		w:  bufio.NewWriterSize(nc, writeBufferSize),
+		nc:   nc,
+		born: time.Now(),
+		r:    msgReader{br: bufio.NewReaderSize(nc, readBufferSize), maxBody: maxBody},
+		w:    bufio.NewWriterSize(nc, writeBufferSize),
 	}
 }
 

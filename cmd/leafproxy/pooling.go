@@ -40,6 +40,7 @@ func (a *app) configurePooling(s *proxy.Server) error {
 	s.PoolMode = mode
 	s.Pooling = a.poolSettings(cfg)
 	s.MaxPreparedStatements = cfg.MaxPreparedStatements
+	s.ReuseSessionServers = cfg.SessionReuse
 	a.pools.srv.Store(s)
 	err = a.metrics.Registry().Register(pool.NewCollector(a.pools.snapshot))
 	if are := (prometheus.AlreadyRegisteredError{}); errors.As(err, &are) {

@@ -118,7 +118,7 @@ func Defaults() Config {
 		Listen:          proxy.DefaultAddr,
 		Upstream:        DefaultUpstream,
 		UpstreamSSLMode: string(proxy.SSLPrefer),
-		Pooling:         Pooling{PoolMode: PoolModeSession, MaxPreparedStatements: DefaultMaxPreparedStatements},
+		Pooling:         Pooling{PoolMode: PoolModeSession, MaxPreparedStatements: DefaultMaxPreparedStatements, SessionReuse: true},
 		MaxClientConns:  1000,
 		MaxMessageSize:  proxy.DefaultMaxMessageSize,
 		HTTP:            DefaultHTTP,

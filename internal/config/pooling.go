@@ -40,6 +40,10 @@ type Pooling struct {
 	// MaxPreparedStatements is the most statements the proxy keeps prepared on a server
 	// connection in transaction mode (PgBouncer's max_prepared_statements); 0: no limit.
 	MaxPreparedStatements int `yaml:"max-prepared-statements"`
+	// SessionReuse lets a server connection in session mode serve later sessions, reset
+	// with DISCARD ALL (PgBouncer's server_reset_query), when the proxy authenticates
+	// clients.
+	SessionReuse bool `yaml:"session-reuse"`
 }
 
 func init() {
@@ -60,6 +64,8 @@ func init() {
 			field: func(c *Config) any { return &c.MaxDBConnections }, check: checkNotNegative(func(c *Config) int { return c.MaxDBConnections })},
 		setting{name: "max-prepared-statements", arg: "N", usage: "most statements kept prepared on a server connection in transaction mode; past it the least recently used are closed there (default 200; 0: no limit)",
 			field: func(c *Config) any { return &c.MaxPreparedStatements }, check: checkNotNegative(func(c *Config) int { return c.MaxPreparedStatements })},
+		setting{name: "session-reuse", usage: "in session mode, when the proxy authenticates clients (auth-type other than passthrough): a server connection its client leaves between transactions is reset with DISCARD ALL and serves the next session of the same user, database and startup parameters (default true; false: it closes with its session)",
+			field: func(c *Config) any { return &c.SessionReuse }},
 		setting{name: "users", alias: "user", arg: "NAME=SETTINGS", repeat: true, usage: "pool settings of the user NAME, as a PgBouncer [users] line: pool_mode=session|transaction pool_size=N; they win over the database's and the global ones; repeatable",
 			field: func(c *Config) any { return &c.Users }, check: checkUsers},
 	)

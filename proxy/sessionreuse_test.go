@@ -1,0 +1,146 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/leafproxy/leafproxy/internal/testenv"
+)
+
+// reuseProxy starts a proxy in session mode that authenticates clients from an auth
+// file and gives server connections to later sessions; configure adjusts it further.
+func reuseProxy(t *testing.T, db string, configure ...func(*Server)) (*testProxy, string) {
+	t.Helper()
+	file := writeAuthFile(t, testenv.SCRAMUser, storedSecret(t, db, testenv.SCRAMUser))
+	p := startProxy(t, db, append([]func(*Server){func(s *Server) {
+		s.Auth = &ClientAuth{Type: AuthSCRAM, File: file}
+		s.ReuseSessionServers = true
+	}}, configure...)...)
+	return p, p.url(testenv.WithUser(db, testenv.SCRAMUser, testenv.SCRAMPassword))
+}
+
+// session opens a client session (whose cancelled contexts send a CancelRequest), runs
+// f on it and ends it with Terminate, returning its backend's process ID.
+func session(t *testing.T, connURL string, f func(ctx context.Context, conn *pgx.Conn)) uint32 {
+	t.Helper()
+	ctx := testContext(t)
+	conn := dialCancelling(t, connURL)
+	defer conn.Close(ctx)
+	var pid uint32
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	if f != nil {
+		f(ctx, conn)
+	}
+	return pid
+}
+
+// waitIdleServers waits until the proxy keeps n server connections for later sessions.
+func waitIdleServers(t *testing.T, s *Server, n int) {
+	t.Helper()
+	waitFor(t, 30*time.Second, fmt.Sprintf("%d idle server connections", n), func() error {
+		if got := s.idleServers.count(); got != n {
+			return fmt.Errorf("%d idle", got)
+		}
+		return nil
+	})
+}
+
+// backendGone waits until the backend pid has ended.
+func backendGone(t *testing.T, watcher *pgx.Conn, pid uint32) {
+	t.Helper()
+	waitFor(t, 30*time.Second, fmt.Sprintf("backend %d to end", pid), func() error {
+		var n int
+		if err := watcher.QueryRow(context.Background(), "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid).Scan(&n); err != nil {
+			return err
+		}
+		if n != 0 {
+			return fmt.Errorf("backend %d still there", pid)
+		}
+		return nil
+	})
+}
+
+// TestSessionReuse: in session mode a server connection its client left idle serves
+// the next session of the same user, database and startup parameters, reset: nothing
+// the first session set up (settings, temporary tables, prepared statements, advisory
+// locks, LISTEN) is seen by the second, which gets a cancel key of its own that
+// cancels its statements. Over event loops and goroutine pairs, with and without TLS to
+// the database.
+func TestSessionReuse(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	watcher := connect(t, db)
+	for _, tt := range []struct {
+		name       string
+		goroutines bool
+		ssl        SSLMode
+	}{
+		{"event loops", false, SSLDisable},
+		{"event loops, TLS upstream", false, SSLRequire},
+		{"goroutine pairs", true, SSLDisable},
+		{"goroutine pairs, TLS upstream", true, SSLRequire},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p, connURL := reuseProxy(t, db, func(s *Server) {
+				s.GoroutineRelay = tt.goroutines
+				s.UpstreamSSLMode = tt.ssl
+			})
+			var firstKey []byte
+			first := session(t, connURL, func(ctx context.Context, conn *pgx.Conn) {
+				firstKey = conn.PgConn().SecretKey()
+				for _, sql := range []string{
+					"SET search_path = pg_catalog",
+					"SET application_name = 'first session'",
+					"SET statement_timeout = '7s'",
+					"CREATE TEMP TABLE reuse_t (x int)",
+					"PREPARE reuse_s AS SELECT 1",
+					"SELECT pg_advisory_lock(4242)",
+					"LISTEN reuse_channel",
+				} {
+					if _, err := conn.Exec(ctx, sql); err != nil {
+						t.Fatalf("%s: %v", sql, err)
+					}
+				}
+			})
+			waitIdleServers(t, p.srv, 1)
+			second := session(t, connURL, func(ctx context.Context, conn *pgx.Conn) {
+				if bytes.Equal(conn.PgConn().SecretKey(), firstKey) {
+					t.Error("the second session got the first one's cancel key")
+				}
+				if got := conn.PgConn().ParameterStatus("application_name"); got != "" {
+					t.Errorf("application_name reported as %q, want the startup's empty one", got)
+				}
+				var searchPath, timeout string
+				var temp, prepared, locks, listens int
+				err := conn.QueryRow(ctx, `SELECT current_setting('search_path'), current_setting('statement_timeout'),
+					(SELECT count(*) FROM pg_class WHERE relname = 'reuse_t'),
+					(SELECT count(*) FROM pg_prepared_statements WHERE name = 'reuse_s'),
+					(SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'),
+					(SELECT count(*) FROM pg_listening_channels())`).Scan(&searchPath, &timeout, &temp, &prepared, &locks, &listens)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if searchPath != `"$user", public` || timeout != "0" || temp != 0 || prepared != 0 || locks != 0 || listens != 0 {
+					t.Errorf("state of the first session left: search_path %q, statement_timeout %q, %d temp tables, %d prepared, %d advisory locks, %d channels listened to",
+						searchPath, timeout, temp, prepared, locks, listens)
+				}
+
+				sql := "SELECT pg_sleep(60) /* reused session */"
+				done, cancel := goStatement(t, func(ctx context.Context) error { _, err := conn.Exec(ctx, sql); return err })
+				waitRunning(t, watcher, sql)
+				cancel()
+				wantSQLState(t, result(t, done, "the cancelled statement"), "57014")
+			})
+			if second != first {
+				t.Fatalf("second session on backend %d, want the first one's, %d", second, first)
+			}
+			waitIdleServers(t, p.srv, 1)
+		})
+	}
+}

@@ -1,0 +1,38 @@
+//go:build unix
+
+package proxy
+
+import (
+	"crypto/tls"
+	"errors"
+	"net"
+	"syscall"
+)
+
+// socketQuiet reports whether nothing can be read from the socket under nc, a server
+// connection nobody has used for a while: no byte arrived and the server did not hang
+// up. The socket is only peeked at.
+func socketQuiet(nc net.Conn) bool {
+	if tc, ok := nc.(*tls.Conn); ok {
+		nc = tc.NetConn()
+		if t, ok := nc.(*tlsTransport); ok {
+			nc = t.Conn
+		}
+	}
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	quiet := false
+	err = rc.Read(func(fd uintptr) bool {
+		var b [1]byte
+		_, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		quiet = errors.Is(err, syscall.EAGAIN)
+		return true
+	})
+	return err == nil && quiet
+}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/leafproxy/leafproxy/proxy/pgauth"
@@ -260,6 +261,7 @@ type idleServers struct {
 	byKey  map[string][]*idleServer
 	counts map[pool.Key]int // idle connections of each (database, user)
 	closed bool
+	reused atomic.Uint64 // sessions served by a connection of an earlier one
 }
 
 // idleServer is one idle server connection.
@@ -287,6 +289,7 @@ func (p *idleServers) take(key string) *serverConn {
 			p.closeServer(e.sc)
 			continue
 		}
+		p.reused.Add(1)
 		return e.sc
 	}
 }
@@ -395,6 +398,13 @@ func (p *idleServers) count() int {
 		n += c
 	}
 	return n
+}
+
+// SessionServers returns how many server connections of session mode wait idle for a
+// later session, and how many sessions have been served by one so far (see
+// ReuseSessionServers).
+func (s *Server) SessionServers() (idle int, reused uint64) {
+	return s.idleServers.count(), s.idleServers.reused.Load()
 }
 
 // closeServer ends a server connection of no session: Terminate, then close.

@@ -144,3 +144,151 @@ func TestSessionReuse(t *testing.T) {
 		})
 	}
 }
+
+// TestSessionReuseRewriting: a session of the rewriting proxy that used the fast path
+// and filled an INSERT leaves its server connection to the next session, which gets IDs
+// too.
+func TestSessionReuseRewriting(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	admin := connect(t, db)
+	if _, err := admin.Exec(testContext(t), "CREATE TABLE orders (id bigint PRIMARY KEY, item text); GRANT ALL ON orders TO "+testenv.SCRAMUser); err != nil {
+		t.Fatal(err)
+	}
+	file := writeAuthFile(t, testenv.SCRAMUser, storedSecret(t, db, testenv.SCRAMUser))
+	p, ids := rewritingProxy(t, db, func(s *Server) {
+		s.Auth = &ClientAuth{Type: AuthSCRAM, File: file}
+		s.ReuseSessionServers = true
+	})
+	connURL := p.url(testenv.WithUser(db, testenv.SCRAMUser, testenv.SCRAMPassword))
+	work := func(ctx context.Context, conn *pgx.Conn) {
+		var id int64
+		if err := conn.QueryRow(ctx, "SELECT leaf_next('order')").Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.Exec(ctx, "INSERT INTO orders (item) VALUES ($1)", "x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first := session(t, connURL, work)
+	waitIdleServers(t, p.srv, 1)
+	if second := session(t, connURL, work); second != first {
+		t.Fatalf("second session on backend %d, want %d", second, first)
+	}
+	var n int
+	if err := admin.QueryRow(testContext(t), "SELECT count(DISTINCT id) FROM orders").Scan(&n); err != nil || n != 2 {
+		t.Fatalf("%d orders with distinct IDs (%v), want 2", n, err)
+	}
+	if got := ids.issued("order"); got != 4 {
+		t.Fatalf("%d IDs issued, want 4", got)
+	}
+}
+
+// TestSessionReuseRefused: a server connection is closed with its session, never given
+// to another, when its client left in a transaction or with a statement running, when
+// the proxy relays the login (passthrough) or does not reuse, when it is past its
+// lifetime, and when its user and database have pool-size idle already; one idle past
+// server-idle-timeout is closed; one whose backend ended while idle is passed over; and
+// a session of other startup parameters gets a connection of its own.
+func TestSessionReuseRefused(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	watcher := connect(t, db)
+	t.Run("left in a transaction", func(t *testing.T) {
+		p, connURL := reuseProxy(t, db)
+		pid := session(t, connURL, func(ctx context.Context, conn *pgx.Conn) {
+			if _, err := conn.Exec(ctx, "BEGIN"); err != nil {
+				t.Fatal(err)
+			}
+		})
+		backendGone(t, watcher, pid)
+		waitIdleServers(t, p.srv, 0)
+	})
+	t.Run("left with a statement running", func(t *testing.T) {
+		p, connURL := reuseProxy(t, db)
+		ctx := testContext(t)
+		conn := dialCancelling(t, connURL)
+		var pid uint32
+		if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+			t.Fatal(err)
+		}
+		sql := "SELECT pg_sleep(1) /* left running */"
+		done := make(chan error, 1)
+		go func() { _, err := conn.Exec(ctx, sql); done <- err }()
+		waitRunning(t, watcher, sql)
+		conn.PgConn().Conn().Close() // no Terminate: the socket just closes
+		<-done
+		backendGone(t, watcher, pid)
+		waitIdleServers(t, p.srv, 0)
+	})
+	t.Run("passthrough", func(t *testing.T) {
+		p := startProxy(t, db, func(s *Server) { s.ReuseSessionServers = true })
+		pid := session(t, p.url(testenv.WithUser(db, testenv.SCRAMUser, testenv.SCRAMPassword)), nil)
+		backendGone(t, watcher, pid)
+		waitIdleServers(t, p.srv, 0)
+	})
+	t.Run("reuse off", func(t *testing.T) {
+		p, connURL := reuseProxy(t, db, func(s *Server) { s.ReuseSessionServers = false })
+		pid := session(t, connURL, nil)
+		backendGone(t, watcher, pid)
+		waitIdleServers(t, p.srv, 0)
+	})
+	t.Run("past its lifetime", func(t *testing.T) {
+		p, connURL := reuseProxy(t, db, func(s *Server) { s.Pooling.ServerLifetime = time.Nanosecond })
+		pid := session(t, connURL, nil)
+		backendGone(t, watcher, pid)
+		waitIdleServers(t, p.srv, 0)
+	})
+	t.Run("pool-size idle already", func(t *testing.T) {
+		p, connURL := reuseProxy(t, db, func(s *Server) { s.Pooling.PoolSize = 1 })
+		ctx := testContext(t)
+		a, b := dialCancelling(t, connURL), dialCancelling(t, connURL)
+		var pidA, pidB uint32
+		if err := a.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pidA); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pidB); err != nil {
+			t.Fatal(err)
+		}
+		a.Close(ctx)
+		waitIdleServers(t, p.srv, 1)
+		b.Close(ctx)
+		backendGone(t, watcher, pidB)
+		waitIdleServers(t, p.srv, 1)
+		if got := session(t, connURL, nil); got != pidA {
+			t.Fatalf("session on backend %d, want the idle one, %d", got, pidA)
+		}
+	})
+	t.Run("server-idle-timeout", func(t *testing.T) {
+		p, connURL := reuseProxy(t, db, func(s *Server) { s.Pooling.ServerIdleTimeout = 50 * time.Millisecond })
+		pid := session(t, connURL, nil)
+		backendGone(t, watcher, pid)
+		waitIdleServers(t, p.srv, 0)
+	})
+	t.Run("backend ended while idle", func(t *testing.T) {
+		p, connURL := reuseProxy(t, db)
+		pid := session(t, connURL, nil)
+		waitIdleServers(t, p.srv, 1)
+		if _, err := watcher.Exec(testContext(t), "SELECT pg_terminate_backend($1)", pid); err != nil {
+			t.Fatal(err)
+		}
+		backendGone(t, watcher, pid)
+		if got := session(t, connURL, nil); got == pid {
+			t.Fatalf("session on the ended backend %d", pid)
+		}
+		waitIdleServers(t, p.srv, 1)
+	})
+	t.Run("other startup parameters", func(t *testing.T) {
+		p, connURL := reuseProxy(t, db)
+		pid := session(t, connURL, nil)
+		waitIdleServers(t, p.srv, 1)
+		other := session(t, connURL+"&application_name=other", func(ctx context.Context, conn *pgx.Conn) {
+			var name string
+			if err := conn.QueryRow(ctx, "SELECT current_setting('application_name')").Scan(&name); err != nil || name != "other" {
+				t.Errorf("application_name %q (%v), want other", name, err)
+			}
+		})
+		if other == pid {
+			t.Fatal("a session of other startup parameters got the idle connection")
+		}
+		waitIdleServers(t, p.srv, 2)
+	})
+}

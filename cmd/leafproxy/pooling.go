@@ -16,6 +16,15 @@ import (
 // proxy is set once it exists (the admin server starts first).
 type poolFigures struct{ srv atomic.Pointer[proxy.Server] }
 
+// sessionServers returns the proxy's figures of session mode's server connections
+// (proxy.Server.SessionServers); zero before the proxy runs.
+func (f *poolFigures) sessionServers() (idle int, reused uint64) {
+	if s := f.srv.Load(); s != nil {
+		return s.SessionServers()
+	}
+	return 0, 0
+}
+
 // snapshot returns the figures of every pool; none before the proxy runs or in session
 // mode.
 func (f *poolFigures) snapshot() []pool.Stats {
@@ -42,11 +51,22 @@ func (a *app) configurePooling(s *proxy.Server) error {
 	s.MaxPreparedStatements = cfg.MaxPreparedStatements
 	s.ReuseSessionServers = cfg.SessionReuse
 	a.pools.srv.Store(s)
-	err = a.metrics.Registry().Register(pool.NewCollector(a.pools.snapshot))
-	if are := (prometheus.AlreadyRegisteredError{}); errors.As(err, &are) {
-		err = nil
+	reg := a.metrics.Registry()
+	for _, c := range []prometheus.Collector{
+		pool.NewCollector(a.pools.snapshot),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "leafproxy_session_servers_idle",
+			Help: "Server connections of session mode waiting idle for a later session."},
+			func() float64 { idle, _ := a.pools.sessionServers(); return float64(idle) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "leafproxy_session_servers_reused_total",
+			Help: "Sessions of session mode served by a server connection of an earlier session."},
+			func() float64 { _, reused := a.pools.sessionServers(); return float64(reused) }),
+	} {
+		err := reg.Register(c)
+		if are := (prometheus.AlreadyRegisteredError{}); err != nil && !errors.As(err, &are) {
+			return err
+		}
 	}
-	return err
+	return nil
 }
 
 // poolSettings are the pool settings of a configuration.

@@ -293,3 +293,48 @@ func TestRoutesOfPoolSettings(t *testing.T) {
 		t.Errorf("without databases: %+v, want the global transaction mode", got)
 	}
 }
+
+// TestSessionReuseWiring: serve in session mode with auth-type trust gives a server
+// connection its client left to the next session (session-reuse is on by default), and
+// /metrics counts it; --session-reuse=false closes it with its session.
+func TestSessionReuseWiring(t *testing.T) {
+	t.Parallel()
+	dsn := newStore(t)
+	// sessions runs 5 sessions one after another, each once the one before has ended as
+	// series says, and returns their backends.
+	sessions := func(s *server, series string, after float64) map[uint32]bool {
+		seen := map[uint32]bool{}
+		for range 5 {
+			conn := connectDB(t, proxyURL(t, dsn, s.listen))
+			var pid uint32
+			if err := conn.QueryRow(context.Background(), "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+				t.Fatal(err)
+			}
+			seen[pid] = true
+			conn.Close(context.Background())
+			s.waitFor("the session's end: "+series, func() bool {
+				_, body := s.get("/metrics", "")
+				return metricValue(t, body, series) == after
+			})
+		}
+		return seen
+	}
+
+	s := startServe(t, nil, serveArgs(t, dsn, 16, "--auth-type", "trust")...)
+	waitReady(s)
+	if got := sessions(s, "leafproxy_session_servers_idle", 1); len(got) != 1 {
+		t.Fatalf("5 sessions one after another had backends %v, want one", got)
+	}
+	_, body := s.get("/metrics", "")
+	if got := metricValue(t, body, "leafproxy_session_servers_reused_total"); got != 4 {
+		t.Fatalf("leafproxy_session_servers_reused_total = %v, want 4", got)
+	}
+	s.stop()
+
+	s = startServe(t, nil, serveArgs(t, dsn, 17, "--auth-type", "trust", "--session-reuse=false")...)
+	waitReady(s)
+	if got := sessions(s, "leafproxy_client_connections", 0); len(got) != 5 {
+		t.Fatalf("5 sessions with --session-reuse=false had backends %v, want five", got)
+	}
+	s.stop()
+}

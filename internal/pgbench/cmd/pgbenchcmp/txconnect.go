@@ -131,6 +131,9 @@ func startTxConnect(ctx context.Context, h hops, o txConnectOptions) (*txConnect
 			t.connect = append(t.connect, pgbench.Endpoint{Name: "pgbouncer tx " + auth, URL: b.URL(r.url), CPU: b.CPU, Args: connectArgs})
 		}
 	}
+	if err := t.startSessionHops(ctx, h, upstream, authFile, secrets, roles[0].url, &stops); err != nil {
+		return fail(err)
+	}
 	t.logins = pgbench.Group{Name: "tx-logins", Clients: []int{o.clients}, Modes: []string{"simple"}, Transactions: loginsPerClient}
 	e := leaf("leafproxy tx md5", roles[0].url)
 	e.Args = connectArgs
@@ -139,4 +142,29 @@ func startTxConnect(ctx context.Context, h hops, o txConnectOptions) (*txConnect
 		t.logins.Endpoints = append(t.logins.Endpoints, pgbench.Endpoint{Name: "pgbouncer tx md5", URL: b.URL(roles[0].url), CPU: b.CPU, Args: connectArgs})
 	}
 	return t, nil
+}
+
+// startSessionHops adds to the connect group leafproxy as the production example plus
+// --auth-type md5 with the auth file, in session mode (which then gives a server
+// connection its client left to the next session, reset with DISCARD ALL), and PgBouncer
+// in session mode with auth_type md5 (which does the same with its server_reset_query,
+// DISCARD ALL), both for the md5 role of roleURL.
+func (t *txConnectHops) startSessionHops(ctx context.Context, h hops, upstream, authFile string, secrets map[string]string, roleURL string, stops *[]func()) error {
+	connectArgs := []string{"-C", "-S"}
+	lp, err := pgbench.StartLeafproxy(ctx, h.bin, append(productionArgs(h.dbURL, upstream, nil), "--auth-type", "md5", "--auth-file", authFile)...)
+	if err != nil {
+		return err
+	}
+	*stops = append(*stops, func() { _ = lp.Close() })
+	t.connect = append(t.connect, pgbench.Endpoint{Name: "leafproxy session md5", URL: lp.URL(roleURL), CPU: lp.CPU, Args: connectArgs})
+	if !h.bouncer {
+		return nil
+	}
+	b, err := pgbench.StartPgBouncer(ctx, h.dbURL, pgbench.BouncerOptions{PoolMode: "session", AuthType: "md5", Secrets: secrets})
+	if err != nil {
+		return err
+	}
+	*stops = append(*stops, func() { _ = b.Close() })
+	t.connect = append(t.connect, pgbench.Endpoint{Name: "pgbouncer session md5", URL: b.URL(roleURL), CPU: b.CPU, Args: connectArgs})
+	return nil
 }

@@ -1,7 +1,8 @@
 // Package proxy is leafproxy's PostgreSQL wire-protocol server. In session mode (the
 // default) every client connection (a session) gets its own server connection, held until
-// the client leaves; in transaction mode sessions share pools of server connections, one
-// borrowed per transaction (see txsession.go).
+// the client leaves (and then, when the proxy authenticated the client, reset and kept for
+// the next session of the same startup; see sessionreuse.go); in transaction mode sessions
+// share pools of server connections, one borrowed per transaction (see txsession.go).
 //
 // The proxy is invisible to clients: startup parameters and authentication (trust, md5,
 // SCRAM-SHA-256) are relayed so that the database alone decides who gets in, and every
@@ -96,6 +97,10 @@
 //   - conn.go: the session (conn): startup negotiation, TLS with the client, connecting
 //     its server connection, close.
 //   - serverconn.go: the server connection (serverConn).
+//   - sessionreuse.go: session mode's server connections given to later sessions: the
+//     end of a session its client left idle, DISCARD ALL, the idle connections
+//     (idleServers), the startup answered from one; socketquiet_unix.go: whether an idle
+//     connection's socket is still quiet.
 //   - upstream.go: dialing the server, upstream TLS and SSLMode.
 //   - tlstransport.go: the socket under a TLS connection, movable between engines.
 //   - auth.go: relaying authentication and the rest of the startup.

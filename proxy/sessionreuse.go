@@ -176,7 +176,7 @@ func (c *conn) keepServer(stopped bool) {
 // next session of target; a connection that does not reset cleanly is closed.
 func (s *Server) recycle(target *reuseTarget, sc *serverConn) {
 	s.pooling.mu.Lock()
-	settings := s.Pooling
+	settings := s.poolSettings(s.Pooling) // the routes' limits too
 	s.pooling.mu.Unlock()
 	l := settings.Limits
 	if settings.PerKey != nil {

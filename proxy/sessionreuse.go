@@ -42,8 +42,10 @@ type reuseTarget struct {
 
 // reuseTargetOf returns the session's reuseTarget, nil when its server connection must
 // close with it: the proxy relayed the login (auth-type passthrough), the server does not
-// reuse, or the session is a replication connection. routed is the startup packet as it
-// goes upstream; params its parameters (as routed).
+// reuse, the session is a replication connection, or its startup asks for a protocol
+// version other than 3.0 or for protocol options (_pq_.*), which the server may answer
+// with a NegotiateProtocolVersion a later session would not get. routed is the startup
+// packet as it goes upstream; params its parameters (as routed).
 func (c *conn) reuseTargetOf(routed []byte, params map[string]string) *reuseTarget {
 	s := c.srv
 	if !s.ReuseSessionServers || c.front == nil || c.transactionPooling() {
@@ -51,6 +53,14 @@ func (c *conn) reuseTargetOf(routed []byte, params map[string]string) *reuseTarg
 	}
 	if r := params["replication"]; r != "" && r != "false" {
 		return nil
+	}
+	if binary.BigEndian.Uint32(routed[4:8]) != protocolMajor3<<16 {
+		return nil
+	}
+	for name := range params {
+		if strings.HasPrefix(name, "_pq_.") {
+			return nil
+		}
 	}
 	database := params["database"]
 	if database == "" {
@@ -161,9 +171,10 @@ func (c *conn) leftIdle() bool {
 // connection past a message boundary. sc must be the connection's own, over its own
 // socket.
 func (c *conn) keepServer(stopped bool) {
+	keep := stopped && c.leftIdle()
 	c.mu.Lock()
 	sc := c.server
-	keep := stopped && !c.closed && c.leftIdle()
+	keep = keep && !c.closed
 	c.serverKept = keep
 	c.mu.Unlock()
 	c.close()

@@ -107,7 +107,7 @@ func run() error {
 	txLogins := flag.Bool("tx-logins", true, "add a tx-logins group: pgbench -C -c -tx-clients -t 5 -S through leafproxy and PgBouncer in transaction mode, md5 at the hop, every client logging in for each of its transactions")
 	poolSize := flag.Int("pool-size", 20, "server connections of the tx-pool group's pools")
 	txDuration := flag.Duration("tx-T", 0, "duration of each tx-pool run (default: -T, at least 10s, as pgbench opens its connections within the run and 200 new backends take seconds on a loaded machine)")
-	pprofDir := flag.String("pprof-dir", "", "write a CPU profile of leafproxy over each of its tx-pool, tx-logins and transaction-mode connect runs to this directory (the profiling adds a little to its CPU figures)")
+	pprofDir := flag.String("pprof-dir", "", "write a CPU profile of leafproxy over each of its tx-pool, tx-logins and connect runs with auth at the proxy to this directory, named after the endpoint and the run (the profiling adds a little to its CPU figures)")
 	userCPU := flag.Bool("user-cpu", false, "the CPU columns of the select-only and tx-pool groups count the hops' user time only (utime), steadier than the total for changes to a hop's own code; the bare relay's stays its total")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of this process (the bare relay) to this file")
 	flag.Parse()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/leafproxy/leafproxy/internal/pgbench"
@@ -98,15 +99,7 @@ func startTxConnect(ctx context.Context, h hops, o txConnectOptions) (*txConnect
 		return fail(err)
 	}
 	stops = append(stops, func() { _ = lp.Close() })
-	leaf := func(name, roleURL string) pgbench.Endpoint {
-		e := pgbench.Endpoint{Name: name, URL: lp.URL(roleURL), CPU: lp.CPU}
-		if o.pprofDir != "" {
-			e.During = func(ctx context.Context, run string, d time.Duration) error {
-				return lp.CPUProfile(ctx, d, filepath.Join(o.pprofDir, "leafproxy-"+run+".pprof"))
-			}
-		}
-		return e
-	}
+	leaf := func(name, roleURL string) pgbench.Endpoint { return profiled(lp, name, roleURL, o.pprofDir) }
 	var b *pgbench.PgBouncer
 	if h.bouncer {
 		b, err = pgbench.StartPgBouncer(ctx, h.dbURL, pgbench.BouncerOptions{
@@ -131,7 +124,7 @@ func startTxConnect(ctx context.Context, h hops, o txConnectOptions) (*txConnect
 			t.connect = append(t.connect, pgbench.Endpoint{Name: "pgbouncer tx " + auth, URL: b.URL(r.url), CPU: b.CPU, Args: connectArgs})
 		}
 	}
-	if err := t.startSessionHops(ctx, h, upstream, authFile, secrets, roles[0].url, &stops); err != nil {
+	if err := t.startSessionHops(ctx, h, o, upstream, authFile, secrets, roles[0].url, &stops); err != nil {
 		return fail(err)
 	}
 	t.logins = pgbench.Group{Name: "tx-logins", Clients: []int{o.clients}, Modes: []string{"simple"}, Transactions: loginsPerClient}
@@ -149,14 +142,20 @@ func startTxConnect(ctx context.Context, h hops, o txConnectOptions) (*txConnect
 // connection its client left to the next session, reset with DISCARD ALL), and PgBouncer
 // in session mode with auth_type md5 (which does the same with its server_reset_query,
 // DISCARD ALL), both for the md5 role of roleURL.
-func (t *txConnectHops) startSessionHops(ctx context.Context, h hops, upstream, authFile string, secrets map[string]string, roleURL string, stops *[]func()) error {
+func (t *txConnectHops) startSessionHops(ctx context.Context, h hops, o txConnectOptions, upstream, authFile string, secrets map[string]string, roleURL string, stops *[]func()) error {
 	connectArgs := []string{"-C", "-S"}
-	lp, err := pgbench.StartLeafproxy(ctx, h.bin, append(productionArgs(h.dbURL, upstream, nil), "--auth-type", "md5", "--auth-file", authFile)...)
+	args := append(productionArgs(h.dbURL, upstream, nil), "--auth-type", "md5", "--auth-file", authFile)
+	if o.pprofDir != "" {
+		args = append(args, "--http-pprof")
+	}
+	lp, err := pgbench.StartLeafproxy(ctx, h.bin, args...)
 	if err != nil {
 		return err
 	}
 	*stops = append(*stops, func() { _ = lp.Close() })
-	t.connect = append(t.connect, pgbench.Endpoint{Name: "leafproxy session md5", URL: lp.URL(roleURL), CPU: lp.CPU, Args: connectArgs})
+	e := profiled(lp, "leafproxy session md5", roleURL, o.pprofDir)
+	e.Args = connectArgs
+	t.connect = append(t.connect, e)
 	if !h.bouncer {
 		return nil
 	}
@@ -167,4 +166,18 @@ func (t *txConnectHops) startSessionHops(ctx context.Context, h hops, upstream, 
 	*stops = append(*stops, func() { _ = b.Close() })
 	t.connect = append(t.connect, pgbench.Endpoint{Name: "pgbouncer session md5", URL: b.URL(roleURL), CPU: b.CPU, Args: connectArgs})
 	return nil
+}
+
+// profiled returns the endpoint name of leafproxy lp for the role of roleURL; with
+// pprofDir set, a CPU profile of lp over each of its runs goes there, as
+// leafproxy-<name>-<run>.pprof with the name's spaces as dashes.
+func profiled(lp *pgbench.Leafproxy, name, roleURL, pprofDir string) pgbench.Endpoint {
+	e := pgbench.Endpoint{Name: name, URL: lp.URL(roleURL), CPU: lp.CPU}
+	if pprofDir != "" {
+		e.During = func(ctx context.Context, run string, d time.Duration) error {
+			file := strings.ReplaceAll(name, " ", "-") + "-" + run + ".pprof"
+			return lp.CPUProfile(ctx, d, filepath.Join(pprofDir, file))
+		}
+	}
+	return e
 }

@@ -92,28 +92,23 @@ func txPoolGroup(ctx context.Context, h hops, o txPoolOptions) (pgbench.Group, f
 	if o.pprofDir != "" {
 		args = append(args, "--http-pprof")
 	}
-	// startLeaf starts bin as the endpoint name; its profiles, with -pprof-dir, are
-	// named after prefix.
-	startLeaf := func(bin, name, prefix string) error {
+	// startLeaf starts bin as the endpoint name (see profiled).
+	startLeaf := func(bin, name string) error {
 		lp, err := pgbench.StartLeafproxy(ctx, bin, args...)
 		if err != nil {
 			return err
 		}
 		stops = append(stops, func() { _ = lp.Close() })
-		e := pgbench.Endpoint{Name: name, URL: lp.URL(roleURL), CPU: h.meter(lp)}
-		if o.pprofDir != "" {
-			e.During = func(ctx context.Context, run string, d time.Duration) error {
-				return lp.CPUProfile(ctx, d, filepath.Join(o.pprofDir, prefix+run+".pprof"))
-			}
-		}
+		e := profiled(lp, name, roleURL, o.pprofDir)
+		e.CPU = h.meter(lp)
 		add(e)
 		return nil
 	}
-	if err := startLeaf(h.bin, "leafproxy tx", "leafproxy-"); err != nil {
+	if err := startLeaf(h.bin, "leafproxy tx"); err != nil {
 		return g, stop, err
 	}
 	if h.otherBin != "" {
-		if err := startLeaf(h.otherBin, "leafproxy other tx", "leafproxy-other-"); err != nil {
+		if err := startLeaf(h.otherBin, "leafproxy other tx"); err != nil {
 			return g, stop, err
 		}
 	}

@@ -39,7 +39,8 @@
 //   - insert-durable: the same on a server with PostgreSQL's default durability
 //     (fsync, synchronous_commit and full_page_writes on) instead of the test server's.
 //
-// -other-bin adds to the select-only and tx-pool groups a second leafproxy binary started
+// -other-bin adds to the select-only and tx-pool groups (and a session-mode login row to
+// the connect group) a second leafproxy binary started
 // the same way, run interleaved with this module's build: an A/B comparison of two builds, with
 // -direct=false and -bare=false leaving out the columns such a comparison does not need.
 //
@@ -94,7 +95,7 @@ func run() error {
 	leaf := flag.Bool("leaf", true, "add the ID rows: leaf_next vs nextval, filled INSERT vs bigserial")
 	noBouncer := flag.Bool("no-pgbouncer", false, "leave PgBouncer out")
 	goroutines := flag.Bool("goroutine-relay", false, "add a select-only column for leafproxy with its event loops turned off (a goroutine pair per session)")
-	otherBin := flag.String("other-bin", "", "add a select-only and a tx-pool column for another leafproxy binary started the same way, run interleaved with this module's build: an A/B comparison of two builds")
+	otherBin := flag.String("other-bin", "", "add a select-only and a tx-pool column, and a session-mode login row to the connect group, for another leafproxy binary started the same way, run interleaved with this module's build: an A/B comparison of two builds")
 	bare := flag.Bool("bare", true, "add the select-only column of the bare relay")
 	direct := flag.Bool("direct", true, "add the select-only column of the server itself (without it, leafproxy is the baseline of the ratios)")
 	only := flag.String("groups", "", "comma-separated groups to run (select-only, select-only-unix, select-only-tls, connect, tx-logins, tx-pool, next-id, next-batch, insert, insert-durable); empty runs all")

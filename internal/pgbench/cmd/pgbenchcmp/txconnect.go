@@ -148,14 +148,20 @@ func (t *txConnectHops) startSessionHops(ctx context.Context, h hops, o txConnec
 	if o.pprofDir != "" {
 		args = append(args, "--http-pprof")
 	}
-	lp, err := pgbench.StartLeafproxy(ctx, h.bin, args...)
-	if err != nil {
-		return err
+	bins := []string{h.bin}
+	if h.otherBin != "" {
+		bins = append(bins, h.otherBin) // beside the other binary's, with -other-bin
 	}
-	*stops = append(*stops, func() { _ = lp.Close() })
-	e := profiled(lp, "leafproxy session md5", roleURL, o.pprofDir)
-	e.Args = connectArgs
-	t.connect = append(t.connect, e)
+	for i, bin := range bins {
+		lp, err := pgbench.StartLeafproxy(ctx, bin, args...)
+		if err != nil {
+			return err
+		}
+		*stops = append(*stops, func() { _ = lp.Close() })
+		e := profiled(lp, []string{"leafproxy session md5", "leafproxy other session md5"}[i], roleURL, o.pprofDir)
+		e.Args = connectArgs
+		t.connect = append(t.connect, e)
+	}
 	if !h.bouncer {
 		return nil
 	}

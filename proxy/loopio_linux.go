@@ -286,15 +286,19 @@ func carryOver(br *bufio.Reader, in *endReader, stream io.Reader) *bufio.Reader 
 
 // keepUpstream gives the server connection of a session that ends to a later session
 // when the client left it idle (see conn.leftIdle), reporting whether it did: its
-// descriptor, out of the loop's epoll set, becomes a connection of its own (fdConn), as
-// in handOff, and a goroutine resets it (Server.recycle), since a loop must not wait.
+// descriptor, out of the loop's epoll set, becomes a connection of its own again, as in
+// handOff, and a goroutine resets it (Server.recycle), since a loop must not wait.
 func (ls *loopSession) keepUpstream() bool {
 	c := ls.c
 	if out := ls.upstream.output(); len(out.pending) > 0 || out.err != nil || !c.leftIdle() {
 		return false
 	}
-	nc := &fdConn{fd: ls.upstream.fd, local: c.server.nc.LocalAddr(), remote: c.server.nc.RemoteAddr()}
-	ls.upstream.fd = -1 // nc's now
+	nc, err := fileConn(ls.upstream.fd)
+	ls.upstream.fd = -1 // closed by fileConn
+	if err != nil {
+		c.log.WithError(err).Debug("server connection not reused")
+		return true
+	}
 	stream, w := ls.upstream.resume(nc)
 	c.mu.Lock()
 	sc := c.server

@@ -194,8 +194,9 @@ func TestSessionReuseRewriting(t *testing.T) {
 // to another, when its client left in a transaction or with a statement running, when
 // the proxy relays the login (passthrough) or does not reuse, when it is past its
 // lifetime, and when its user and database have pool-size idle already; one idle past
-// server-idle-timeout is closed; one whose backend ended while idle is passed over; and
-// a session of other startup parameters gets a connection of its own.
+// server-idle-timeout is closed, and so is every idle one at shutdown; one whose backend
+// ended while idle is passed over; and a session of other startup parameters gets a
+// connection of its own.
 func TestSessionReuseRefused(t *testing.T) {
 	db := testenv.NewDatabase(t)
 	watcher := connect(t, db)
@@ -282,6 +283,18 @@ func TestSessionReuseRefused(t *testing.T) {
 			t.Fatalf("session on the ended backend %d", pid)
 		}
 		waitIdleServers(t, p.srv, 1)
+	})
+	t.Run("shutdown", func(t *testing.T) {
+		p, connURL := reuseProxy(t, db)
+		pid := session(t, connURL, nil)
+		waitIdleServers(t, p.srv, 1)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := p.srv.Shutdown(ctx); err != nil {
+			t.Fatal(err)
+		}
+		backendGone(t, watcher, pid)
+		waitIdleServers(t, p.srv, 0)
 	})
 	t.Run("other startup parameters", func(t *testing.T) {
 		p, connURL := reuseProxy(t, db)
@@ -380,4 +393,28 @@ func TestSessionReuseProtocolOptions(t *testing.T) {
 	}
 	backendGone(t, watcher, pid)
 	waitIdleServers(t, p.srv, 1)
+}
+
+// TestSessionReusePsql: psql sessions one after another, over the proxy's TLS, get the
+// backend of the one before, reset: what the first set up is gone in the second.
+func TestSessionReusePsql(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	cfg, _ := proxyCertificate(t)
+	p, connURL := reuseProxy(t, db, func(s *Server) { s.TLSConfig = cfg })
+	connURL = strings.Replace(connURL, "sslmode=disable", "sslmode=require", 1)
+	psql := func(sql string) string {
+		t.Helper()
+		out, err := runTool(t, "psql", "-X", "-At", "-v", "ON_ERROR_STOP=1", "-d", connURL, "-c", sql)
+		if err != nil {
+			t.Fatalf("psql -c %q: %v\n%s", sql, err, out)
+		}
+		waitIdleServers(t, p.srv, 1)
+		return strings.TrimSpace(out)
+	}
+	lines := strings.Split(psql("SET search_path = pg_catalog; CREATE TEMP TABLE reuse_psql (x int); SELECT pg_backend_pid()"), "\n")
+	first := lines[len(lines)-1]
+	got := psql("SELECT pg_backend_pid() || ' ' || current_setting('search_path') || ' ' || (to_regclass('pg_temp.reuse_psql') IS NULL)")
+	if want := first + ` "$user", public true`; got != want {
+		t.Fatalf("second psql session: %q, want %q", got, want)
+	}
 }

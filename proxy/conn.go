@@ -222,25 +222,32 @@ func (c *conn) connectUpstream(packet []byte) error {
 		return err
 	}
 	sc := newServerConn(uc, c.srv.maxMessageSize())
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
+	if !c.useServer(sc) {
 		uc.Close()
 		return net.ErrClosed
 	}
+	return sc.start(packet, time.Now().Add(c.srv.startupTimeout()))
+}
+
+// useServer makes sc the session's server connection, reporting false when the session
+// was closed meanwhile. The buffers of the authentication exchange, when the proxy ran
+// one, serve the session.
+func (c *conn) useServer(sc *serverConn) bool {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return false
+	}
 	c.server = sc
 	c.mu.Unlock()
-
-	// The buffers of the authentication exchange, when the proxy ran one, serve the
-	// session.
 	if c.cr.br == nil {
-		c.cr.br = bufio.NewReaderSize(c.client, readBufferSize)
+		c.cr.br = takeReader(c.client)
 	}
 	c.cr.maxBody = sc.r.maxBody
 	if c.cw == nil {
-		c.cw = bufio.NewWriterSize(c.client, writeBufferSize)
+		c.cw = takeWriter(c.client)
 	}
-	return sc.start(packet, time.Now().Add(c.srv.startupTimeout()))
+	return true
 }
 
 // refuse sends the client a FATAL error of the proxy's own making before any session

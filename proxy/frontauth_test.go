@@ -312,9 +312,26 @@ func TestAuthAtProxyAuthQueryConnection(t *testing.T) {
 	}
 }
 
+// rawStartup is what a startup over the wire brought (see rawLogin).
+type rawStartup struct {
+	auths []uint32                // the code of every Authentication message
+	types []byte                  // the type of every message
+	pid   uint32                  // the process ID of the BackendKeyData
+	fail  *pgproto3.ErrorResponse // the ErrorResponse that ended the startup, if any
+}
+
 // rawLogin logs in with the pgauth client over the wire and returns the type and code of
 // every Authentication message and the ErrorResponse that ends the startup, if any.
 func rawLogin(t *testing.T, addr, user, password, database string) (auths []uint32, fail *pgproto3.ErrorResponse) {
+	t.Helper()
+	st := rawStart(t, addr, password, map[string]string{"user": user, "database": database}, false)
+	return st.auths, st.fail
+}
+
+// rawStart logs in to addr over the wire with a startup packet of params, answering
+// the authentication with password, up to ReadyForQuery or an ErrorResponse; with
+// terminate it then ends the session with Terminate.
+func rawStart(t *testing.T, addr, password string, params map[string]string, terminate bool) (st rawStartup) {
 	t.Helper()
 	nc, err := net.DialTimeout("tcp", addr, 10*time.Second)
 	if err != nil {
@@ -322,44 +339,51 @@ func rawLogin(t *testing.T, addr, user, password, database string) (auths []uint
 	}
 	defer nc.Close()
 	_ = nc.SetDeadline(time.Now().Add(30 * time.Second))
-	start, _ := (&pgproto3.StartupMessage{ProtocolVersion: pgproto3.ProtocolVersionNumber,
-		Parameters: map[string]string{"user": user, "database": database}}).Encode(nil)
+	start, _ := (&pgproto3.StartupMessage{ProtocolVersion: pgproto3.ProtocolVersionNumber, Parameters: params}).Encode(nil)
 	if _, err := nc.Write(start); err != nil {
 		t.Fatal(err)
 	}
 	r := msgReader{br: bufio.NewReader(nc), maxBody: 1 << 20}
-	login := &pgauth.Login{User: user, Secret: &pgauth.Secret{Kind: pgauth.Plain, Password: password}}
+	login := &pgauth.Login{User: params["user"], Secret: &pgauth.Secret{Kind: pgauth.Plain, Password: password}}
 	for {
 		typ, n, err := r.next()
 		if err != nil {
-			t.Fatalf("reading the startup: %v (authentication messages %v)", err, auths)
+			t.Fatalf("reading the startup: %v (messages %q)", err, st.types)
 		}
 		body, err := r.readBody(n)
 		if err != nil {
 			t.Fatal(err)
 		}
+		st.types = append(st.types, typ)
 		switch typ {
-		case 'R':
-			auths = append(auths, binary.BigEndian.Uint32(body))
+		case serverAuthentication:
+			st.auths = append(st.auths, binary.BigEndian.Uint32(body))
 			resp, err := login.Respond(body)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if resp != nil {
-				msg := append([]byte{'p', 0, 0, 0, 0}, resp...)
+				msg := append([]byte{clientPassword, 0, 0, 0, 0}, resp...)
 				binary.BigEndian.PutUint32(msg[1:], uint32(len(resp)+4))
 				if _, err := nc.Write(msg); err != nil {
 					t.Fatal(err)
 				}
 			}
-		case 'E':
-			e := &pgproto3.ErrorResponse{}
-			if err := e.Decode(body); err != nil {
+		case serverBackendKeyData:
+			st.pid = binary.BigEndian.Uint32(body)
+		case serverErrorResponse:
+			st.fail = &pgproto3.ErrorResponse{}
+			if err := st.fail.Decode(body); err != nil {
 				t.Fatal(err)
 			}
-			return auths, e
-		case 'Z':
-			return auths, nil
+			return st
+		case serverReadyForQuery:
+			if terminate {
+				if _, err := nc.Write([]byte{clientTerminate, 0, 0, 0, 4}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			return st
 		}
 	}
 }

@@ -101,20 +101,9 @@ func startupKey(addr string, packet []byte) string {
 // a cancel key of the proxy's own (the previous session's client knew the server's) and
 // ReadyForQuery. It reports false when the connection is done.
 func (c *conn) startReused(sc *serverConn) bool {
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
+	if !c.useServer(sc) {
 		c.srv.idleServers.closeServer(sc)
 		return false
-	}
-	c.server = sc
-	c.mu.Unlock()
-	if c.cr.br == nil {
-		c.cr.br = takeReader(c.client)
-	}
-	c.cr.maxBody = sc.r.maxBody
-	if c.cw == nil {
-		c.cw = takeWriter(c.client)
 	}
 	key := []byte(sc.key)
 	_, _ = rand.Read(key[4:]) // the server's process ID, a secret of the proxy's

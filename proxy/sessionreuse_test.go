@@ -1,22 +1,17 @@
 package proxy
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"encoding/binary"
 	"fmt"
-	"net"
 	"net/url"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/leafproxy/leafproxy/internal/testenv"
-	"github.com/leafproxy/leafproxy/proxy/pgauth"
 )
 
 // reuseProxy starts a proxy in session mode that authenticates clients from an auth
@@ -313,58 +308,16 @@ func TestSessionReuseRefused(t *testing.T) {
 	})
 }
 
-// rawSession logs in to addr with a startup packet of params, answering the
-// authentication with password, reads up to ReadyForQuery and ends the session with
-// Terminate; it returns the process ID of the BackendKeyData and the types of the
-// messages of the startup.
+// rawSession logs in to addr with a startup packet of params (see rawStart) and ends the
+// session with Terminate; it returns the process ID of the BackendKeyData and the types of
+// the messages of the startup.
 func rawSession(t *testing.T, addr, password string, params map[string]string) (pid uint32, types []byte) {
 	t.Helper()
-	nc, err := net.DialTimeout("tcp", addr, 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
+	st := rawStart(t, addr, password, params, true)
+	if st.fail != nil {
+		t.Fatalf("startup failed: %s", st.fail.Message)
 	}
-	defer nc.Close()
-	_ = nc.SetDeadline(time.Now().Add(30 * time.Second))
-	start, _ := (&pgproto3.StartupMessage{ProtocolVersion: pgproto3.ProtocolVersionNumber, Parameters: params}).Encode(nil)
-	if _, err := nc.Write(start); err != nil {
-		t.Fatal(err)
-	}
-	r := msgReader{br: bufio.NewReader(nc), maxBody: 1 << 20}
-	login := &pgauth.Login{User: params["user"], Secret: &pgauth.Secret{Kind: pgauth.Plain, Password: password}}
-	for {
-		typ, n, err := r.next()
-		if err != nil {
-			t.Fatalf("reading the startup: %v (messages %q)", err, types)
-		}
-		body, err := r.readBody(n)
-		if err != nil {
-			t.Fatal(err)
-		}
-		types = append(types, typ)
-		switch typ {
-		case serverAuthentication:
-			resp, err := login.Respond(body)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if resp != nil {
-				msg := append([]byte{clientPassword, 0, 0, 0, 0}, resp...)
-				binary.BigEndian.PutUint32(msg[1:], uint32(len(resp)+4))
-				if _, err := nc.Write(msg); err != nil {
-					t.Fatal(err)
-				}
-			}
-		case serverBackendKeyData:
-			pid = binary.BigEndian.Uint32(body)
-		case serverErrorResponse:
-			t.Fatalf("startup failed: %q", body)
-		case serverReadyForQuery:
-			if _, err := nc.Write([]byte{clientTerminate, 0, 0, 0, 4}); err != nil {
-				t.Fatal(err)
-			}
-			return pid, types
-		}
-	}
+	return st.pid, st.types
 }
 
 // TestSessionReuseProtocolOptions: a session whose startup asks for protocol options

@@ -41,21 +41,8 @@ func (c *conn) servePooled(params map[string]string) (parked bool) {
 		}
 	}
 	sc := &serverConn{nc: v, r: msgReader{br: takeReader(v), maxBody: s.maxMessageSize()}, w: takeWriter(v)}
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
+	if !c.useServer(sc) {
 		return
-	}
-	c.server = sc
-	c.mu.Unlock()
-	// The buffers of the authentication exchange, when the proxy ran one, serve the
-	// session.
-	if c.cr.br == nil {
-		c.cr.br = takeReader(c.client)
-	}
-	c.cr.maxBody = sc.r.maxBody
-	if c.cw == nil {
-		c.cw = takeWriter(c.client)
 	}
 
 	// The client's settings: the server's, then those of its startup packet.

@@ -285,12 +285,18 @@ func carryOver(br *bufio.Reader, in *endReader, stream io.Reader) *bufio.Reader 
 }
 
 // keepUpstream gives the server connection of a session that ends to a later session
-// when the client left it idle (see conn.leftIdle), reporting whether it did: its
-// descriptor, out of the loop's epoll set, becomes a connection of its own again, as in
-// handOff, and a goroutine resets it (Server.recycle), since a loop must not wait.
+// when the client left it idle (see conn.leftIdle), reporting whether it did. The loop
+// sends the connection its DISCARD ALL, which a loop must not wait for the answer to: the
+// connection's descriptor, out of the loop's epoll set, becomes a connection of its own
+// again, as in handOff (output the socket did not take yet goes with it), and the session
+// that takes it reads the answer (idleServers.take), by when it is usually there.
 func (ls *loopSession) keepUpstream() bool {
 	c := ls.c
-	if out := ls.upstream.output(); len(out.pending) > 0 || out.err != nil || !c.leftIdle() {
+	out := ls.upstream.output()
+	if len(out.pending) > 0 || out.err != nil || !c.leftIdle() {
+		return false
+	}
+	if c.server.sendReset(); out.err != nil {
 		return false
 	}
 	nc, err := fileConn(ls.upstream.fd)
@@ -313,6 +319,6 @@ func (ls *loopSession) keepUpstream() bool {
 		stream.Close()
 		return true
 	}
-	go c.srv.recycle(c.reuse, sc)
+	c.srv.idleServers.put(c.reuse, sc, c.srv.idleLimits(c.reuse), true)
 	return true
 }

@@ -175,34 +175,65 @@ func (c *conn) keepServer(stopped bool) {
 // recycle resets sc, a server connection its session left idle, and keeps it for the
 // next session of target; a connection that does not reset cleanly is closed.
 func (s *Server) recycle(target *reuseTarget, sc *serverConn) {
-	s.pooling.mu.Lock()
-	settings := s.poolSettings(s.Pooling) // the routes' limits too
-	s.pooling.mu.Unlock()
-	l := settings.Limits
-	if settings.PerKey != nil {
-		l = l.Override(settings.PerKey(target.pool))
+	l := s.idleLimits(target)
+	_ = sc.nc.SetDeadline(time.Now().Add(l.resetTimeout))
+	err := sc.sendReset()
+	if err == nil {
+		err = sc.awaitReset()
 	}
-	timeout := settings.ServerResetTimeout
-	if timeout <= 0 {
-		timeout = pool.DefaultServerResetTimeout
-	}
-	if err := sc.reset(time.Now().Add(timeout)); err != nil {
+	if err != nil {
 		s.logger().WithError(err).Debug("server connection not reused: its reset failed")
 		s.idleServers.closeServer(sc)
 		return
 	}
-	s.idleServers.put(target, sc, l)
+	s.idleServers.put(target, sc, l, false)
 }
 
-// reset runs DISCARD ALL on the server connection, which must answer it alone (what it
-// still owed the previous session fails the reset) before deadline; ParameterStatus
-// values it reports are recorded, notices and notifications of the previous session
-// dropped.
-func (sc *serverConn) reset(deadline time.Time) error {
-	_ = sc.nc.SetDeadline(deadline)
+// idleLimits are the limits of target's idle connections.
+type idleLimits struct {
+	pool.Limits
+	resetTimeout time.Duration // server-reset-timeout
+}
+
+// idleLimits returns the limits of target's idle connections: its route's or user's
+// pool-size, server-idle-timeout and server-lifetime, else the server's, else the
+// defaults.
+func (s *Server) idleLimits(target *reuseTarget) idleLimits {
+	s.pooling.mu.Lock()
+	settings := s.poolSettings(s.Pooling) // the routes' limits too
+	s.pooling.mu.Unlock()
+	l := idleLimits{Limits: settings.Limits, resetTimeout: settings.ServerResetTimeout}
+	if settings.PerKey != nil {
+		l.Limits = l.Override(settings.PerKey(target.pool))
+	}
+	if l.PoolSize <= 0 {
+		l.PoolSize = pool.DefaultPoolSize
+	}
+	if l.ServerIdleTimeout == 0 {
+		l.ServerIdleTimeout = pool.DefaultServerIdleTimeout
+	}
+	if l.ServerLifetime == 0 {
+		l.ServerLifetime = pool.DefaultServerLifetime
+	}
+	if l.resetTimeout <= 0 {
+		l.resetTimeout = pool.DefaultServerResetTimeout
+	}
+	return l
+}
+
+// sendReset writes DISCARD ALL to the server connection (see awaitReset).
+func (sc *serverConn) sendReset() error {
 	if _, err := sc.w.Write(discardAll); err != nil {
 		return err
 	}
+	return sc.w.Flush()
+}
+
+// awaitReset reads the answer to the DISCARD ALL of sendReset, which must come alone
+// (what the server still owed the previous session fails the reset) before the
+// connection's deadline; ParameterStatus values it reports are recorded, notices and
+// notifications of the previous session dropped. Output still buffered goes first.
+func (sc *serverConn) awaitReset() error {
 	if err := sc.w.Flush(); err != nil {
 		return err
 	}
@@ -271,11 +302,15 @@ type idleServer struct {
 	timer  *time.Timer // closes it after server-idle-timeout; nil: never
 	// lifetime is its server-lifetime: older, it serves no later session (0: no limit).
 	lifetime time.Duration
+	// resetDue: its DISCARD ALL was sent and the answer is to be read, within
+	// resetTimeout, by the session that takes it.
+	resetDue     bool
+	resetTimeout time.Duration
 }
 
 // take returns the newest idle server connection of key that is fit to serve, nil when
-// there is none. One past its lifetime, or whose server sent something or hung up while
-// it was idle, is closed.
+// there is none. One past its lifetime, whose reset fails, or whose server sent
+// something or hung up while it was idle, is closed.
 func (p *idleServers) take(key string) *serverConn {
 	for {
 		e := p.pop(key)
@@ -284,6 +319,13 @@ func (p *idleServers) take(key string) *serverConn {
 		}
 		if e.timer != nil {
 			e.timer.Stop()
+		}
+		if e.resetDue {
+			_ = e.sc.nc.SetDeadline(time.Now().Add(e.resetTimeout))
+			if err := e.sc.awaitReset(); err != nil {
+				p.closeServer(e.sc)
+				continue
+			}
 		}
 		if e.lifetime > 0 && time.Since(e.sc.born) > e.lifetime || e.sc.r.br.Buffered() > 0 || !socketQuiet(e.sc.nc) {
 			p.closeServer(e.sc)
@@ -308,34 +350,25 @@ func (p *idleServers) pop(key string) *idleServer {
 }
 
 // put keeps sc idle for target, unless its (database, user) has pool-size idle
-// connections already or the set is closed; then sc is closed.
-func (p *idleServers) put(target *reuseTarget, sc *serverConn, l pool.Limits) {
-	size := l.PoolSize
-	if size <= 0 {
-		size = pool.DefaultPoolSize
-	}
-	if l.ServerLifetime == 0 {
-		l.ServerLifetime = pool.DefaultServerLifetime
-	}
+// connections already, it is past its lifetime or the set is closed; then sc is closed,
+// on a goroutine of its own (an event loop may call put). resetDue says that sc's
+// DISCARD ALL has been sent and its answer is still to be read (see take).
+func (p *idleServers) put(target *reuseTarget, sc *serverConn, l idleLimits, resetDue bool) {
 	p.mu.Lock()
-	if p.closed || p.counts[target.pool] >= size || l.ServerLifetime > 0 && time.Since(sc.born) > l.ServerLifetime {
+	if p.closed || p.counts[target.pool] >= l.PoolSize || l.ServerLifetime > 0 && time.Since(sc.born) > l.ServerLifetime {
 		p.mu.Unlock()
-		p.closeServer(sc)
+		go p.closeServer(sc)
 		return
 	}
 	if p.byKey == nil {
 		p.byKey = make(map[string][]*idleServer)
 		p.counts = make(map[pool.Key]int)
 	}
-	e := &idleServer{sc: sc, target: target, lifetime: max(l.ServerLifetime, 0)}
+	e := &idleServer{sc: sc, target: target, lifetime: max(l.ServerLifetime, 0), resetDue: resetDue, resetTimeout: l.resetTimeout}
 	p.byKey[target.key] = append(p.byKey[target.key], e)
 	p.counts[target.pool]++
-	idle := l.ServerIdleTimeout
-	if idle == 0 {
-		idle = pool.DefaultServerIdleTimeout
-	}
-	if idle > 0 {
-		e.timer = time.AfterFunc(idle, func() { p.expire(e) })
+	if l.ServerIdleTimeout > 0 {
+		e.timer = time.AfterFunc(l.ServerIdleTimeout, func() { p.expire(e) })
 	}
 	p.mu.Unlock()
 }

@@ -153,6 +153,10 @@ func (c *conn) run() (adopted bool) {
 	if c.srv.adopt(c) {
 		return true
 	}
+	if err := c.server.inRuntimePoller(); err != nil {
+		c.log.WithError(err).Warn("cannot serve the session with goroutines")
+		return false
+	}
 	c.relay()
 	return false
 }

@@ -21,3 +21,7 @@ func (*loopSession) abort()                {}
 
 func (s *Server) adoptPooled(*conn, *pooledConn) bool { return false }
 func (s *Server) txOnLoops() bool                     { return false }
+
+// inRuntimePoller has nothing to do here: without event loops, every server connection
+// is in the runtime's poller.
+func (*serverConn) inRuntimePoller() error { return nil }

@@ -288,8 +288,8 @@ func carryOver(br *bufio.Reader, in *endReader, stream io.Reader) *bufio.Reader 
 // when the client left it idle (see conn.leftIdle), reporting whether it did. The loop
 // sends the connection its DISCARD ALL, which a loop must not wait for the answer to: the
 // connection's descriptor, out of the loop's epoll set, becomes a connection of its own
-// again, as in handOff (output the socket did not take yet goes with it), and the session
-// that takes it reads the answer (idleServers.take), by when it is usually there.
+// (fdConn), as in handOff (output the socket did not take yet goes with it), and the
+// session that takes it reads the answer (idleServers.take), by when it is usually there.
 func (ls *loopSession) keepUpstream() bool {
 	c := ls.c
 	out := ls.upstream.output()
@@ -299,12 +299,8 @@ func (ls *loopSession) keepUpstream() bool {
 	if c.server.sendReset(); out.err != nil {
 		return false
 	}
-	nc, err := fileConn(ls.upstream.fd)
-	ls.upstream.fd = -1 // closed by fileConn
-	if err != nil {
-		c.log.WithError(err).Debug("server connection not reused")
-		return true
-	}
+	nc := &fdConn{fd: ls.upstream.fd, local: c.server.nc.LocalAddr(), remote: c.server.nc.RemoteAddr()}
+	ls.upstream.fd = -1 // nc's now
 	stream, w := ls.upstream.resume(nc)
 	c.mu.Lock()
 	sc := c.server

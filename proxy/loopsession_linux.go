@@ -215,7 +215,7 @@ func loopSocket(nc net.Conn) (sock net.Conn, tc *tls.Conn, ok bool) {
 		return sock, tc, ok
 	}
 	switch nc.(type) {
-	case *net.TCPConn, *net.UnixConn:
+	case *net.TCPConn, *net.UnixConn, *fdConn:
 		return nc, nil, true
 	}
 	return nil, nil, false
@@ -271,8 +271,15 @@ func (e *loopEnd) out() io.Writer {
 	return &e.sink
 }
 
-// dupSocket returns a close-on-exec duplicate of nc's descriptor.
+// dupSocket returns a close-on-exec duplicate of nc's descriptor; an fdConn's own
+// descriptor, which it gives up.
 func dupSocket(nc net.Conn) (int, error) {
+	if fc, ok := nc.(*fdConn); ok {
+		if fd := fc.take(); fd >= 0 {
+			return fd, nil
+		}
+		return -1, net.ErrClosed
+	}
 	sc, ok := nc.(syscall.Conn)
 	if !ok {
 		return -1, errors.New("not a socket")

@@ -211,6 +211,11 @@ func (x *physIO) Write(b []byte) (int, error) {
 
 // wait blocks until the socket is ready for events or the deadline passes.
 func (x *physIO) wait(events int16, deadline time.Time) error {
+	return pollWait(x.src.fd, events, deadline)
+}
+
+// pollWait blocks until the socket fd is ready for events or the deadline passes.
+func pollWait(fd int, events int16, deadline time.Time) error {
 	for {
 		timeout := -1
 		if !deadline.IsZero() {
@@ -220,7 +225,7 @@ func (x *physIO) wait(events int16, deadline time.Time) error {
 			}
 			timeout = int(d/time.Millisecond) + 1
 		}
-		fds := []unix.PollFd{{Fd: int32(x.src.fd), Events: events}}
+		fds := []unix.PollFd{{Fd: int32(fd), Events: events}}
 		n, err := unix.Poll(fds, timeout)
 		switch {
 		case err == unix.EINTR:

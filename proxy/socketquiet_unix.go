@@ -19,6 +19,9 @@ func socketQuiet(nc net.Conn) bool {
 			nc = t.Conn
 		}
 	}
+	if q, ok := nc.(interface{ quiet() bool }); ok {
+		return q.quiet() // a socket of the proxy's own (fdConn)
+	}
 	sc, ok := nc.(syscall.Conn)
 	if !ok {
 		return false

@@ -100,7 +100,8 @@
 //   - sessionreuse.go: session mode's server connections given to later sessions: the
 //     end of a session its client left idle, DISCARD ALL, the idle connections
 //     (idleServers), the startup answered from one; socketquiet_unix.go: whether an idle
-//     connection's socket is still quiet.
+//     connection's socket is still quiet; fdconn_linux.go: the socket of one an event
+//     loop gave up (fdConn), outside the runtime's poller, with blocking I/O in poll(2).
 //   - upstream.go: dialing the server, upstream TLS and SSLMode.
 //   - tlstransport.go: the socket under a TLS connection, movable between engines.
 //   - auth.go: relaying authentication and the rest of the startup.

@@ -22,7 +22,10 @@ import (
 // session asks for) is served by it, without a dial, a TLS handshake or a login. That
 // needs the proxy to have authenticated the client itself: a relayed login is the
 // database's to check, every time. A connection left any other way (in a transaction, in
-// the middle of a cycle, after an error of the proxy's) is closed, never reused.
+// the middle of a cycle, after an error of the proxy's) is closed, never reused. An event
+// loop sends the DISCARD ALL as the session ends and keeps the connection idle at once;
+// the session that takes it reads the answer (by then usually there), so that no
+// goroutine waits for it. A goroutine pair's session waits for it itself (recycle).
 
 // discardAll is the Query that resets a server connection for the next session:
 // DISCARD ALL closes cursors, drops prepared statements and temporary tables, releases

@@ -121,7 +121,7 @@ func TestSessionReuse(t *testing.T) {
 				var searchPath, timeout string
 				var temp, prepared, locks, listens int
 				err := conn.QueryRow(ctx, `SELECT current_setting('search_path'), current_setting('statement_timeout'),
-					(SELECT count(*) FROM pg_class WHERE relname = 'reuse_t'),
+					(to_regclass('pg_temp.reuse_t') IS NOT NULL)::int,
 					(SELECT count(*) FROM pg_prepared_statements WHERE name = 'reuse_s'),
 					(SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'),
 					(SELECT count(*) FROM pg_listening_channels())`).Scan(&searchPath, &timeout, &temp, &prepared, &locks, &listens)
@@ -369,5 +369,58 @@ func TestSessionReusePsql(t *testing.T) {
 	got := psql("SELECT pg_backend_pid() || ' ' || current_setting('search_path') || ' ' || (to_regclass('pg_temp.reuse_psql') IS NULL)")
 	if want := first + ` "$user", public true`; got != want {
 		t.Fatalf("second psql session: %q, want %q", got, want)
+	}
+}
+
+// TestSessionReuseConcurrent: clients that come and go at once, some leaving in the
+// middle of a transaction, never see what another session set up, and the proxy keeps
+// at most pool-size idle connections.
+func TestSessionReuseConcurrent(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p, connURL := reuseProxy(t, db, func(s *Server) { s.Pooling.PoolSize = 4 })
+	const workers, sessions = 8, 15
+	errs := make(chan error, workers)
+	for w := range workers {
+		go func() {
+			errs <- func() error {
+				for i := range sessions {
+					ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+					conn, err := pgx.Connect(ctx, connURL)
+					if err != nil {
+						cancel()
+						return err
+					}
+					var path string
+					var temp int
+					err = conn.QueryRow(ctx, `SELECT current_setting('search_path'),
+						(to_regclass('pg_temp.reuse_leak') IS NOT NULL)::int`).Scan(&path, &temp)
+					if err == nil && (path != `"$user", public` || temp != 0) {
+						err = fmt.Errorf("session %d/%d found search_path %q and %d temporary tables", w, i, path, temp)
+					}
+					for _, sql := range []string{fmt.Sprintf("SET search_path = s_%d_%d", w, i), "CREATE TEMP TABLE reuse_leak (x int)"} {
+						if err == nil {
+							_, err = conn.Exec(ctx, sql)
+						}
+					}
+					if err == nil && i%3 == 0 {
+						_, err = conn.Exec(ctx, "BEGIN") // left in a transaction: closed, not reused
+					}
+					conn.Close(ctx)
+					cancel()
+					if err != nil {
+						return err
+					}
+				}
+				return nil
+			}()
+		}()
+	}
+	for range workers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if idle, reused := p.srv.SessionServers(); idle > 4 || reused == 0 {
+		t.Fatalf("%d idle server connections (pool-size 4), %d sessions on a reused one", idle, reused)
 	}
 }

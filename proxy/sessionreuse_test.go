@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"fmt"
 	"net/url"
 	"strings"
@@ -422,5 +423,39 @@ func TestSessionReuseConcurrent(t *testing.T) {
 	}
 	if idle, reused := p.srv.SessionServers(); idle > 4 || reused == 0 {
 		t.Fatalf("%d idle server connections (pool-size 4), %d sessions on a reused one", idle, reused)
+	}
+}
+
+// TestSessionReuseLibPQ: database/sql over lib/pq, which prepares its statements on the
+// server, gets the backend of its previous session, with no statement of that session
+// left there, and prepares again.
+func TestSessionReuseLibPQ(t *testing.T) {
+	db := testenv.NewDatabase(t)
+	p, connURL := reuseProxy(t, db)
+	session := func() (pid uint32, prepared int) {
+		t.Helper()
+		pq, err := sql.Open("postgres", connURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pq.Close()
+		stmt, err := pq.Prepare("SELECT pg_backend_pid(), (SELECT count(*) FROM pg_prepared_statements) WHERE $1::int = 1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer stmt.Close()
+		if err := stmt.QueryRow(1).Scan(&pid, &prepared); err != nil {
+			t.Fatal(err)
+		}
+		return pid, prepared
+	}
+	first, n := session()
+	if n != 1 {
+		t.Fatalf("first session: %d prepared statements, want lib/pq's one", n)
+	}
+	waitIdleServers(t, p.srv, 1)
+	second, n := session()
+	if second != first || n != 1 {
+		t.Fatalf("second session on backend %d with %d prepared statements, want %d with 1", second, n, first)
 	}
 }

@@ -3,7 +3,6 @@
 package proxy
 
 import (
-	"crypto/tls"
 	"errors"
 	"io"
 	"net"
@@ -94,14 +93,7 @@ func (c *fdConn) take() int {
 
 // quiet reports whether nothing can be read from the socket: no byte came and the
 // server did not hang up (see socketQuiet).
-func (c *fdConn) quiet() bool {
-	if c.fd < 0 {
-		return false
-	}
-	var b [1]byte
-	_, _, err := unix.Recvfrom(c.fd, b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-	return errors.Is(err, unix.EAGAIN)
-}
+func (c *fdConn) quiet() bool { return c.fd >= 0 && peekQuiet(c.fd) }
 
 func (c *fdConn) LocalAddr() net.Addr                { return c.local }
 func (c *fdConn) RemoteAddr() net.Addr               { return c.remote }
@@ -132,13 +124,7 @@ func deadline(d *atomic.Int64) time.Time {
 // it is an fdConn (under TLS or not): goroutines that serve a session need deadlines
 // that wake a blocked read, which poll(2) does not give.
 func (sc *serverConn) inRuntimePoller() error {
-	nc := sc.nc
-	var t *tlsTransport
-	if tc, ok := nc.(*tls.Conn); ok {
-		if t, ok = tc.NetConn().(*tlsTransport); ok {
-			nc = t.Conn
-		}
-	}
+	nc, t := socketUnder(sc.nc)
 	fc, ok := nc.(*fdConn)
 	if !ok {
 		return nil

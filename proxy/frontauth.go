@@ -51,7 +51,9 @@ const DefaultAuthQuery = "SELECT usename, passwd FROM pg_shadow WHERE usename=$1
 // ClientAuth makes the proxy authenticate clients itself and then log into the database
 // as the client's user with what the client proved: the SCRAM ClientKey recovered from its
 // proof, or the stored secret. Only when the database accepts that login does the client
-// get AuthenticationOk, so the proxy never lets in a client the database would refuse.
+// get AuthenticationOk, so the proxy never lets in a client the database would refuse; a
+// client served by a connection already logged in as its user (a pool's, or one an
+// earlier session left) relies on that connection's login.
 type ClientAuth struct {
 	// Type is how clients are authenticated; AuthPassthrough (or "") disables the rest.
 	Type AuthType

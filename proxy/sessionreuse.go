@@ -158,15 +158,13 @@ func (c *conn) leftIdle() bool {
 	return !ss.skip && ss.copyIn == nil && ss.local == nil && ss.localStmt == nil && ss.cur == nil
 }
 
-// keepServer ends the session, its server connection going to the next session when
-// the client left idle and stopped reports that nothing was read from the server
-// connection past a message boundary. sc must be the connection's own, over its own
-// socket.
+// keepServer ends a goroutine pair's session whose client left idle (see leftIdle), its
+// server connection going to the next session when stopped reports that the server side
+// stopped at a message boundary.
 func (c *conn) keepServer(stopped bool) {
-	keep := stopped && c.leftIdle()
 	c.mu.Lock()
 	sc := c.server
-	keep = keep && !c.closed
+	keep := stopped && !c.closed
 	c.serverKept = keep
 	c.mu.Unlock()
 	c.close()

@@ -3,7 +3,6 @@
 package proxy
 
 import (
-	"crypto/tls"
 	"errors"
 	"net"
 	"syscall"
@@ -13,12 +12,7 @@ import (
 // connection nobody has used for a while: no byte arrived and the server did not hang
 // up. The socket is only peeked at.
 func socketQuiet(nc net.Conn) bool {
-	if tc, ok := nc.(*tls.Conn); ok {
-		nc = tc.NetConn()
-		if t, ok := nc.(*tlsTransport); ok {
-			nc = t.Conn
-		}
-	}
+	nc, _ = socketUnder(nc)
 	if q, ok := nc.(interface{ quiet() bool }); ok {
 		return q.quiet() // a socket of the proxy's own (fdConn)
 	}
@@ -32,10 +26,15 @@ func socketQuiet(nc net.Conn) bool {
 	}
 	quiet := false
 	err = rc.Read(func(fd uintptr) bool {
-		var b [1]byte
-		_, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		quiet = errors.Is(err, syscall.EAGAIN)
+		quiet = peekQuiet(int(fd))
 		return true
 	})
 	return err == nil && quiet
+}
+
+// peekQuiet reports whether nothing can be read from the socket fd now, without reading.
+func peekQuiet(fd int) bool {
+	var b [1]byte
+	_, _, err := syscall.Recvfrom(fd, b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+	return errors.Is(err, syscall.EAGAIN)
 }

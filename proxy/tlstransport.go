@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"crypto/tls"
 	"io"
 	"net"
 )
@@ -50,4 +51,15 @@ func (t *tlsTransport) Write(p []byte) (int, error) {
 		<-t.carried
 	}
 	return t.Conn.Write(p)
+}
+
+// socketUnder returns the socket under nc and, when nc is TLS over a tlsTransport, the
+// transport; otherwise nc itself.
+func socketUnder(nc net.Conn) (net.Conn, *tlsTransport) {
+	if tc, ok := nc.(*tls.Conn); ok {
+		if t, ok := tc.NetConn().(*tlsTransport); ok {
+			return t.Conn, t
+		}
+	}
+	return nc, nil
 }

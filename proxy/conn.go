@@ -16,6 +16,7 @@ import (
 
 	"github.com/leafproxy/leafproxy/internal/sqlstate"
 	"github.com/leafproxy/leafproxy/proxy/pgauth"
+	"github.com/leafproxy/leafproxy/proxy/pool"
 )
 
 // conn is a session: one client connection, from its startup packet to its end, and
@@ -61,6 +62,7 @@ type conn struct {
 
 	// Giving the server connection to a later session (sessionreuse.go).
 	reuse           *reuseTarget // where it may go; nil: it closes with the session
+	room            *pool.Key    // the session holds room in the session pool for this key (sessionpool.go); under mu
 	clientLeft      bool         // the client sent Terminate or ended its stream at a message boundary
 	upstreamStopped bool         // the goroutine pair's server side stopped at a message boundary
 	keeping         atomic.Bool  // the goroutine pair's client side is stopping the server side
@@ -120,8 +122,12 @@ func (c *conn) serve() {
 		return
 	}
 	c.reuse = c.reuseTargetOf(routed, params)
-	if c.reuse != nil {
-		if sc := s.idleServers.take(c.reuse.key); sc != nil {
+	if c.front != nil {
+		sc, ok := c.admitSession(params)
+		if !ok {
+			return
+		}
+		if sc != nil {
 			if c.startReused(sc) {
 				adopted = c.run()
 			}
@@ -274,16 +280,22 @@ func (c *conn) close() {
 	}
 	c.closed = true
 	c.cancel()
-	client, key, session := c.client, c.cancelKey, c.session
+	client, key, session, room := c.client, c.cancelKey, c.session, c.room
 	var server net.Conn
 	if c.server != nil && !c.serverKept {
 		server = c.server.nc
+	}
+	if c.serverKept {
+		room = nil // it went with the server connection
 	}
 	c.mu.Unlock()
 
 	client.Close()
 	if server != nil {
 		server.Close()
+	}
+	if room != nil {
+		c.srv.sessionPool.release(*room)
 	}
 	if key != "" {
 		c.srv.cancels.remove(key, c)

@@ -289,7 +289,7 @@ func carryOver(br *bufio.Reader, in *endReader, stream io.Reader) *bufio.Reader 
 // sends the connection its DISCARD ALL, which a loop must not wait for the answer to: the
 // connection's descriptor, out of the loop's epoll set, becomes a connection of its own
 // (fdConn), as in handOff (output the socket did not take yet goes with it), and the
-// session that takes it reads the answer (idleServers.take), by when it is usually there.
+// session that takes it reads the answer (sessionPool.vet), by when it is usually there.
 func (ls *loopSession) keepUpstream() bool {
 	c := ls.c
 	out := ls.upstream.output()
@@ -315,6 +315,6 @@ func (ls *loopSession) keepUpstream() bool {
 		stream.Close()
 		return true
 	}
-	c.srv.idleServers.put(c.reuse, sc, c.srv.idleLimits(c.reuse), true)
+	c.srv.sessionPool.put(c.reuse, sc, c.srv.sessionLimits(c.reuse.pool), true)
 	return true
 }

@@ -143,8 +143,9 @@ type Server struct {
 	pooling    pooling
 	welcomes   sync.Map  // pool.Key → *welcome: what new clients of a pool are told (txstartup.go)
 	authConns  authConns // idle connections of the auth query (authquery.go)
-	// idleServers are session mode's server connections between sessions.
-	idleServers idleServers
+	// sessionPool counts session mode's server connections and keeps those between
+	// sessions.
+	sessionPool sessionPool
 	// keyExchanges remembers the key exchange each upstream chose.
 	keyExchanges keyexchange.Memory
 
@@ -377,6 +378,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Unlock()
 	s.loops.close()
 	s.stopWorkers()
+	s.sessionPool.refuse() // sessions waiting for a server connection end now
 
 	wait := time.Millisecond
 	timer := time.NewTimer(wait)
@@ -444,7 +446,7 @@ func (s *Server) closeAllConns() {
 // connections, the parking lot and the auth query's connections.
 func (s *Server) closePooling() {
 	s.closePool()
-	s.idleServers.close()
+	s.sessionPool.close()
 	s.authConns.close()
 	if lot := s.existingParkLot(); lot != nil {
 		lot.close()

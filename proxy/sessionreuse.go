@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/leafproxy/leafproxy/proxy/pgauth"
@@ -65,15 +63,7 @@ func (c *conn) reuseTargetOf(routed []byte, params map[string]string) *reuseTarg
 			return nil
 		}
 	}
-	database := params["database"]
-	if database == "" {
-		database = params["user"]
-	}
-	k := pool.Key{Database: database, User: params["user"]}
-	if c.upstreamAddr != s.Upstream {
-		k.Database += "@" + c.upstreamAddr // as Server.poolKey names it
-	}
-	return &reuseTarget{key: startupKey(c.upstreamAddr, routed), pool: k}
+	return &reuseTarget{key: startupKey(c.upstreamAddr, routed), pool: s.sessionKey(c.upstreamAddr, params)}
 }
 
 // startupKey names the server connections of upstream addr started with the startup
@@ -105,7 +95,7 @@ func startupKey(addr string, packet []byte) string {
 // ReadyForQuery. It reports false when the connection is done.
 func (c *conn) startReused(sc *serverConn) bool {
 	if !c.useServer(sc) {
-		c.srv.idleServers.closeServer(sc)
+		c.srv.sessionPool.closeServer(sc)
 		return false
 	}
 	key := []byte(sc.key)
@@ -174,9 +164,10 @@ func (c *conn) keepServer(stopped bool) {
 }
 
 // recycle resets sc, a server connection its session left idle, and keeps it for the
-// next session of target; a connection that does not reset cleanly is closed.
+// next session of target, with the room the session held in the session pool; a
+// connection that does not reset cleanly is closed and its room given back.
 func (s *Server) recycle(target *reuseTarget, sc *serverConn) {
-	l := s.idleLimits(target)
+	l := s.sessionLimits(target.pool)
 	_ = sc.nc.SetDeadline(time.Now().Add(l.resetTimeout))
 	err := sc.sendReset()
 	if err == nil {
@@ -184,42 +175,11 @@ func (s *Server) recycle(target *reuseTarget, sc *serverConn) {
 	}
 	if err != nil {
 		s.logger().WithError(err).Debug("server connection not reused: its reset failed")
-		s.idleServers.closeServer(sc)
+		s.sessionPool.closeServer(sc)
+		s.sessionPool.release(target.pool)
 		return
 	}
-	s.idleServers.put(target, sc, l, false)
-}
-
-// idleLimits are the limits of target's idle connections.
-type idleLimits struct {
-	pool.Limits
-	resetTimeout time.Duration // server-reset-timeout
-}
-
-// idleLimits returns the limits of target's idle connections: its route's or user's
-// pool-size, server-idle-timeout and server-lifetime, else the server's, else the
-// defaults.
-func (s *Server) idleLimits(target *reuseTarget) idleLimits {
-	s.pooling.mu.Lock()
-	settings := s.poolSettings(s.Pooling) // the routes' limits too
-	s.pooling.mu.Unlock()
-	l := idleLimits{Limits: settings.Limits, resetTimeout: settings.ServerResetTimeout}
-	if settings.PerKey != nil {
-		l.Limits = l.Override(settings.PerKey(target.pool))
-	}
-	if l.PoolSize <= 0 {
-		l.PoolSize = pool.DefaultPoolSize
-	}
-	if l.ServerIdleTimeout == 0 {
-		l.ServerIdleTimeout = pool.DefaultServerIdleTimeout
-	}
-	if l.ServerLifetime == 0 {
-		l.ServerLifetime = pool.DefaultServerLifetime
-	}
-	if l.resetTimeout <= 0 {
-		l.resetTimeout = pool.DefaultServerResetTimeout
-	}
-	return l
+	s.sessionPool.put(target, sc, l, false)
 }
 
 // sendReset writes DISCARD ALL to the server connection (see awaitReset).
@@ -284,169 +244,6 @@ func (sc *serverConn) recordParameter(body []byte) {
 		}
 	}
 	sc.params = append(sc.params, append([]byte(nil), body...))
-}
-
-// idleServers are the server connections of session mode waiting for their next
-// session, by reuseTarget key, newest last.
-type idleServers struct {
-	mu     sync.Mutex
-	byKey  map[string][]*idleServer
-	counts map[pool.Key]int // idle connections of each (database, user)
-	closed bool
-	reused atomic.Uint64 // sessions served by a connection of an earlier one
-}
-
-// idleServer is one idle server connection.
-type idleServer struct {
-	sc     *serverConn
-	target *reuseTarget
-	timer  *time.Timer // closes it after server-idle-timeout; nil: never
-	// lifetime is its server-lifetime: older, it serves no later session (0: no limit).
-	lifetime time.Duration
-	// resetDue: its DISCARD ALL was sent and the answer is to be read, within
-	// resetTimeout, by the session that takes it.
-	resetDue     bool
-	resetTimeout time.Duration
-}
-
-// take returns the newest idle server connection of key that is fit to serve, nil when
-// there is none. One past its lifetime, whose reset fails, or whose server sent
-// something or hung up while it was idle, is closed.
-func (p *idleServers) take(key string) *serverConn {
-	for {
-		e := p.pop(key)
-		if e == nil {
-			return nil
-		}
-		if e.timer != nil {
-			e.timer.Stop()
-		}
-		if e.resetDue {
-			_ = e.sc.nc.SetDeadline(time.Now().Add(e.resetTimeout))
-			if err := e.sc.awaitReset(); err != nil {
-				p.closeServer(e.sc)
-				continue
-			}
-		}
-		if e.lifetime > 0 && time.Since(e.sc.born) > e.lifetime || e.sc.r.br.Buffered() > 0 || !socketQuiet(e.sc.nc) {
-			p.closeServer(e.sc)
-			continue
-		}
-		p.reused.Add(1)
-		return e.sc
-	}
-}
-
-func (p *idleServers) pop(key string) *idleServer {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	list := p.byKey[key]
-
-	if len(list) == 0 {
-		return nil
-	}
-	e := list[len(list)-1]
-	p.removeLocked(e)
-	return e
-}
-
-// put keeps sc idle for target, unless its (database, user) has pool-size idle
-// connections already, it is past its lifetime or the set is closed; then sc is closed,
-// on a goroutine of its own (an event loop may call put). resetDue says that sc's
-// DISCARD ALL has been sent and its answer is still to be read (see take).
-func (p *idleServers) put(target *reuseTarget, sc *serverConn, l idleLimits, resetDue bool) {
-	p.mu.Lock()
-	if p.closed || p.counts[target.pool] >= l.PoolSize || l.ServerLifetime > 0 && time.Since(sc.born) > l.ServerLifetime {
-		p.mu.Unlock()
-		go p.closeServer(sc)
-		return
-	}
-	if p.byKey == nil {
-		p.byKey = make(map[string][]*idleServer)
-		p.counts = make(map[pool.Key]int)
-	}
-	e := &idleServer{sc: sc, target: target, lifetime: max(l.ServerLifetime, 0), resetDue: resetDue, resetTimeout: l.resetTimeout}
-	p.byKey[target.key] = append(p.byKey[target.key], e)
-	p.counts[target.pool]++
-	if l.ServerIdleTimeout > 0 {
-		e.timer = time.AfterFunc(l.ServerIdleTimeout, func() { p.expire(e) })
-	}
-	p.mu.Unlock()
-}
-
-// expire closes e when it is still idle.
-func (p *idleServers) expire(e *idleServer) {
-	p.mu.Lock()
-	ok := p.removeLocked(e)
-	p.mu.Unlock()
-	if ok {
-		p.closeServer(e.sc)
-	}
-}
-
-// removeLocked takes e out of the set, reporting whether it was there.
-func (p *idleServers) removeLocked(e *idleServer) bool {
-	list := p.byKey[e.target.key]
-	for i, x := range list {
-		if x != e {
-			continue
-		}
-		list = append(list[:i], list[i+1:]...)
-		if len(list) == 0 {
-			delete(p.byKey, e.target.key)
-		} else {
-			p.byKey[e.target.key] = list
-		}
-		if p.counts[e.target.pool]--; p.counts[e.target.pool] == 0 {
-			delete(p.counts, e.target.pool)
-		}
-		return true
-	}
-	return false
-}
-
-// close closes every idle connection; put closes what comes later.
-func (p *idleServers) close() {
-	p.mu.Lock()
-	p.closed = true
-	var all []*idleServer
-	for _, list := range p.byKey {
-		all = append(all, list...)
-	}
-	p.byKey, p.counts = nil, nil
-	p.mu.Unlock()
-	for _, e := range all {
-		if e.timer != nil {
-			e.timer.Stop()
-		}
-		p.closeServer(e.sc)
-	}
-}
-
-// count returns how many server connections are idle.
-func (p *idleServers) count() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	n := 0
-	for _, c := range p.counts {
-		n += c
-	}
-	return n
-}
-
-// SessionServers returns how many server connections of session mode wait idle for a
-// later session, and how many sessions have been served by one so far (see
-// ReuseSessionServers).
-func (s *Server) SessionServers() (idle int, reused uint64) {
-	return s.idleServers.count(), s.idleServers.reused.Load()
-}
-
-// closeServer ends a server connection of no session: Terminate, then close.
-func (p *idleServers) closeServer(sc *serverConn) {
-	_ = sc.nc.SetWriteDeadline(time.Now().Add(time.Second))
-	_ = writeHeader(sc.w, clientTerminate, 0)
-	_ = sc.w.Flush()
-	_ = sc.nc.Close()
 }
 
 // serverCancelPacket returns the CancelRequest packet for the session's server

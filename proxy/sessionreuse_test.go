@@ -48,7 +48,7 @@ func session(t *testing.T, connURL string, f func(ctx context.Context, conn *pgx
 func waitIdleServers(t *testing.T, s *Server, n int) {
 	t.Helper()
 	waitFor(t, 30*time.Second, fmt.Sprintf("%d idle server connections", n), func() error {
-		if got := s.idleServers.count(); got != n {
+		if got := s.SessionServers().Idle; got != n {
 			return fmt.Errorf("%d idle", got)
 		}
 		return nil
@@ -189,8 +189,7 @@ func TestSessionReuseRewriting(t *testing.T) {
 // TestSessionReuseRefused: a server connection is closed with its session, never given
 // to another, when its client left in a transaction or with a statement running, when
 // the proxy relays the login (passthrough) or does not reuse, when it is past its
-// lifetime, and when its user and database have pool-size idle already; one idle past
-// server-idle-timeout is closed, and so is every idle one at shutdown; one whose backend
+// lifetime; one idle past server-idle-timeout is closed, and so is every idle one at shutdown; one whose backend
 // ended while idle is passed over; and a session of other startup parameters gets a
 // connection of its own.
 func TestSessionReuseRefused(t *testing.T) {
@@ -240,26 +239,6 @@ func TestSessionReuseRefused(t *testing.T) {
 		pid := session(t, connURL, nil)
 		backendGone(t, watcher, pid)
 		waitIdleServers(t, p.srv, 0)
-	})
-	t.Run("pool-size idle already", func(t *testing.T) {
-		p, connURL := reuseProxy(t, db, func(s *Server) { s.Pooling.PoolSize = 1 })
-		ctx := testContext(t)
-		a, b := dialCancelling(t, connURL), dialCancelling(t, connURL)
-		var pidA, pidB uint32
-		if err := a.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pidA); err != nil {
-			t.Fatal(err)
-		}
-		if err := b.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pidB); err != nil {
-			t.Fatal(err)
-		}
-		a.Close(ctx)
-		waitIdleServers(t, p.srv, 1)
-		b.Close(ctx)
-		backendGone(t, watcher, pidB)
-		waitIdleServers(t, p.srv, 1)
-		if got := session(t, connURL, nil); got != pidA {
-			t.Fatalf("session on backend %d, want the idle one, %d", got, pidA)
-		}
 	})
 	t.Run("server-idle-timeout", func(t *testing.T) {
 		p, connURL := reuseProxy(t, db, func(s *Server) { s.Pooling.ServerIdleTimeout = 50 * time.Millisecond })
@@ -374,13 +353,27 @@ func TestSessionReusePsql(t *testing.T) {
 }
 
 // TestSessionReuseConcurrent: clients that come and go at once, some leaving in the
-// middle of a transaction, never see what another session set up, and the proxy keeps
-// at most pool-size idle connections.
+// middle of a transaction, never see what another session set up, and the proxy has at
+// most pool-size server connections open, the clients beyond it waiting their turn.
 func TestSessionReuseConcurrent(t *testing.T) {
 	db := testenv.NewDatabase(t)
 	p, connURL := reuseProxy(t, db, func(s *Server) { s.Pooling.PoolSize = 4 })
 	const workers, sessions = 8, 15
 	errs := make(chan error, workers)
+	stop, most := make(chan struct{}), make(chan SessionServerFigures, 1)
+	go func() {
+		var top SessionServerFigures
+		for {
+			f := p.srv.SessionServers()
+			top.Open, top.Waiting = max(top.Open, f.Open), max(top.Waiting, f.Waiting)
+			select {
+			case <-stop:
+				most <- top
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}()
 	for w := range workers {
 		go func() {
 			errs <- func() error {
@@ -421,8 +414,12 @@ func TestSessionReuseConcurrent(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if idle, reused := p.srv.SessionServers(); idle > 4 || reused == 0 {
-		t.Fatalf("%d idle server connections (pool-size 4), %d sessions on a reused one", idle, reused)
+	close(stop)
+	if top := <-most; top.Open > 4 || top.Waiting == 0 {
+		t.Fatalf("at most %d server connections open (pool-size 4) and %d sessions waiting; want at most 4, and some waiting", top.Open, top.Waiting)
+	}
+	if f := p.srv.SessionServers(); f.Idle > 4 || f.Reused == 0 {
+		t.Fatalf("%d idle server connections (pool-size 4), %d sessions on a reused one", f.Idle, f.Reused)
 	}
 }
 

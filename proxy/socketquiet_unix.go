@@ -38,3 +38,25 @@ func peekQuiet(fd int) bool {
 	_, _, err := syscall.Recvfrom(fd, b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
 	return errors.Is(err, syscall.EAGAIN)
 }
+
+// socketClosed reports whether the peer of nc, a client that sends nothing while it
+// waits, has closed the socket under nc or reset it; the socket is only peeked at.
+func socketClosed(nc net.Conn) bool {
+	nc, _ = socketUnder(nc)
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	closed := false
+	err = rc.Read(func(fd uintptr) bool {
+		var b [1]byte
+		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		closed = err == nil && n == 0 || err != nil && !errors.Is(err, syscall.EAGAIN)
+		return true
+	})
+	return err == nil && closed
+}

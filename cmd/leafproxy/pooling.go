@@ -18,11 +18,11 @@ type poolFigures struct{ srv atomic.Pointer[proxy.Server] }
 
 // sessionServers returns the proxy's figures of session mode's server connections
 // (proxy.Server.SessionServers); zero before the proxy runs.
-func (f *poolFigures) sessionServers() (idle int, reused uint64) {
+func (f *poolFigures) sessionServers() proxy.SessionServerFigures {
 	if s := f.srv.Load(); s != nil {
 		return s.SessionServers()
 	}
-	return 0, 0
+	return proxy.SessionServerFigures{}
 }
 
 // snapshot returns the figures of every pool; none before the proxy runs or in session
@@ -54,12 +54,18 @@ func (a *app) configurePooling(s *proxy.Server) error {
 	reg := a.metrics.Registry()
 	for _, c := range []prometheus.Collector{
 		pool.NewCollector(a.pools.snapshot),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "leafproxy_session_servers",
+			Help: "Server connections of session mode's sessions authenticated by the proxy: in a session, idle or opening."},
+			func() float64 { return float64(a.pools.sessionServers().Open) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "leafproxy_session_servers_idle",
 			Help: "Server connections of session mode waiting idle for a later session."},
-			func() float64 { idle, _ := a.pools.sessionServers(); return float64(idle) }),
+			func() float64 { return float64(a.pools.sessionServers().Idle) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "leafproxy_session_clients_waiting",
+			Help: "Sessions of session mode waiting for a server connection under pool-size or max-db-connections."},
+			func() float64 { return float64(a.pools.sessionServers().Waiting) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "leafproxy_session_servers_reused_total",
 			Help: "Sessions of session mode served by a server connection of an earlier session."},
-			func() float64 { _, reused := a.pools.sessionServers(); return float64(reused) }),
+			func() float64 { return float64(a.pools.sessionServers().Reused) }),
 	} {
 		err := reg.Register(c)
 		if are := (prometheus.AlreadyRegisteredError{}); err != nil && !errors.As(err, &are) {

@@ -97,11 +97,15 @@
 //   - conn.go: the session (conn): startup negotiation, TLS with the client, connecting
 //     its server connection, close.
 //   - serverconn.go: the server connection (serverConn).
+//   - sessionpool.go: session mode's pool (sessionPool) for the sessions the proxy
+//     authenticated: pool-size and max-db-connections counted over the sessions'
+//     connections and the idle ones, the wait for room, the idle connections.
 //   - sessionreuse.go: session mode's server connections given to later sessions: the
-//     end of a session its client left idle, DISCARD ALL, the idle connections
-//     (idleServers), the startup answered from one; socketquiet_unix.go: whether an idle
-//     connection's socket is still quiet; fdconn_linux.go: the socket of one an event
-//     loop gave up (fdConn), outside the runtime's poller, with blocking I/O in poll(2).
+//     end of a session its client left idle, DISCARD ALL, the startup answered from an
+//     idle connection; socketquiet_unix.go: whether an idle connection's socket is still
+//     quiet, and whether a waiting client closed its socket; fdconn_linux.go: the socket
+//     of one an event loop gave up (fdConn), outside the runtime's poller, with blocking
+//     I/O in poll(2).
 //   - upstream.go: dialing the server, upstream TLS and SSLMode.
 //   - tlstransport.go: the socket under a TLS connection, movable between engines.
 //   - auth.go: relaying authentication and the rest of the startup.

@@ -296,7 +296,8 @@ func TestRoutesOfPoolSettings(t *testing.T) {
 
 // TestSessionReuseWiring: serve in session mode with auth-type trust gives a server
 // connection its client left to the next session (session-reuse is on by default), and
-// /metrics counts it; --session-reuse=false closes it with its session.
+// /metrics counts it; --session-reuse=false closes it with its session; --pool-size
+// bounds the server connections of the sessions.
 func TestSessionReuseWiring(t *testing.T) {
 	t.Parallel()
 	dsn := newStore(t)
@@ -336,5 +337,27 @@ func TestSessionReuseWiring(t *testing.T) {
 	if got := sessions(s, "leafproxy_client_connections", 0); len(got) != 5 {
 		t.Fatalf("5 sessions with --session-reuse=false had backends %v, want five", got)
 	}
+	s.stop()
+
+	// --pool-size bounds the sessions' server connections: a second session waits
+	// --query-wait-timeout, then gets 53300, and the first goes on.
+	s = startServe(t, nil, serveArgs(t, dsn, 18, "--auth-type", "trust", "--pool-size", "1", "--query-wait-timeout", "300ms")...)
+	waitReady(s)
+	first := connectDB(t, proxyURL(t, dsn, s.listen))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := pgx.Connect(ctx, proxyURL(t, dsn, s.listen))
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "53300" {
+		t.Fatalf("a session beyond --pool-size 1: %v, want 53300", err)
+	}
+	if _, err := first.Exec(ctx, "SELECT 1"); err != nil {
+		t.Fatalf("the first session: %v", err)
+	}
+	_, body = s.get("/metrics", "")
+	if open, waiting := metricValue(t, body, "leafproxy_session_servers"), metricValue(t, body, "leafproxy_session_clients_waiting"); open != 1 || waiting != 0 {
+		t.Fatalf("leafproxy_session_servers = %v, leafproxy_session_clients_waiting = %v; want 1 and 0", open, waiting)
+	}
+	first.Close(ctx)
 	s.stop()
 }

@@ -114,10 +114,10 @@ func (c *conn) serve() {
 	if !c.authenticateClient(params) {
 		return
 	}
+	if &routed[0] != &packet[0] { // the route names another database
+		params = startupParams(routed)
+	}
 	if c.transactionPooling() {
-		if &routed[0] != &packet[0] { // the route names another database
-			params = startupParams(routed)
-		}
 		adopted = c.servePooled(params) // a parked session goes on without this goroutine
 		return
 	}

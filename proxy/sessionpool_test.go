@@ -3,12 +3,15 @@ package proxy
 import (
 	"context"
 	"fmt"
+	"net/url"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/leafproxy/leafproxy/internal/testenv"
+	"github.com/leafproxy/leafproxy/proxy/pool"
 )
 
 // openSession opens a client session through the proxy and returns it with its
@@ -187,6 +190,28 @@ func TestSessionPoolLimits(t *testing.T) {
 		}()
 		r := <-later
 		wantSQLState(t, r.err, "57P03")
+	})
+	t.Run("a route's pool_size", func(t *testing.T) {
+		u, err := url.Parse(db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		routes := NewRoutes(map[string]Route{"alias": {Database: strings.TrimPrefix(u.Path, "/"), Pool: pool.Limits{PoolSize: 1}}}, nil)
+		p, connURL := reuseProxy(t, db, func(s *Server) {
+			s.SetRoutes(routes)
+			s.Pooling.QueryWaitTimeout = 300 * time.Millisecond
+		})
+		alias, err := url.Parse(connURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		alias.Path = "/alias"
+		openSession(t, alias.String())
+		r := <-connectLater(alias.String(), 30*time.Second)
+		wantSQLState(t, r.err, "53300")
+		if f := p.srv.SessionServers(); f.Open != 1 {
+			t.Fatalf("%+v, want one connection open", f)
+		}
 	})
 	t.Run("passthrough is not counted", func(t *testing.T) {
 		p := startProxy(t, db, func(s *Server) { s.Pooling.PoolSize = 1 })

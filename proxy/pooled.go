@@ -92,10 +92,7 @@ func (t *poolTarget) login() *pgauth.Login {
 // they log in with. Sessions routed to another upstream than Server.Upstream get a key
 // of their own, whose database names the upstream too.
 func (s *Server) poolKey(addr, database, user string, front *pgauth.Login) pool.Key {
-	key := pool.Key{Database: database, User: user}
-	if addr != s.Upstream {
-		key.Database = database + "@" + addr
-	}
+	key := s.keyOf(addr, database, user)
 	v, _ := s.pooling.targets.LoadOrStore(key, &poolTarget{addr: addr, database: database, user: user, key: key})
 	t := v.(*poolTarget)
 	if front != nil && front.Secret != nil {
@@ -107,6 +104,16 @@ func (s *Server) poolKey(addr, database, user string, front *pgauth.Login) pool.
 		t.mu.Unlock()
 	}
 	return t.key
+}
+
+// keyOf returns the pool key of the sessions of user routed to database at addr: on
+// another upstream than Server.Upstream, the key's database names the upstream too.
+func (s *Server) keyOf(addr, database, user string) pool.Key {
+	key := pool.Key{Database: database, User: user}
+	if addr != s.Upstream {
+		key.Database = database + "@" + addr
+	}
+	return key
 }
 
 // serverPool returns the pool of server connections, creating it on first use.

@@ -95,18 +95,13 @@ func (s *Server) sessionLimits(k pool.Key) sessionLimits {
 }
 
 // sessionKey returns the pool key of a session of upstream addr whose startup
-// parameters, as routed, are params: the database as Server.poolKey names it, and the
-// user.
+// parameters, as routed, are params (as transaction mode's pools name it).
 func (s *Server) sessionKey(addr string, params map[string]string) pool.Key {
 	database := params["database"]
 	if database == "" {
 		database = params["user"]
 	}
-	k := pool.Key{Database: database, User: params["user"]}
-	if addr != s.Upstream {
-		k.Database += "@" + addr
-	}
-	return k
+	return s.keyOf(addr, database, params["user"])
 }
 
 // errSessionPoolClosed is acquire's error once the server shuts down.

@@ -99,7 +99,8 @@
 //   - serverconn.go: the server connection (serverConn).
 //   - sessionpool.go: session mode's pool (sessionPool) for the sessions the proxy
 //     authenticated: pool-size and max-db-connections counted over the sessions'
-//     connections and the idle ones, the wait for room, the idle connections.
+//     connections and the idle ones, the wait for room, the idle connections;
+//     sessionpoolstats.go: its figures per (database, user) for /pools.
 //   - sessionreuse.go: session mode's server connections given to later sessions: the
 //     end of a session its client left idle, DISCARD ALL, the startup answered from an
 //     idle connection; socketquiet_unix.go: whether an idle connection's socket is still

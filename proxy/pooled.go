@@ -162,10 +162,15 @@ func (s *Server) existingPool() *pool.Pool[*physConn] { return s.pooling.pool.Lo
 // PoolStats returns the figures of every pool of server connections (transaction mode);
 // nil before the first pooled session.
 func (s *Server) PoolStats() []pool.Stats {
-	if p := s.existingPool(); p != nil {
-		return p.Snapshot()
+	p := s.existingPool()
+	if p == nil {
+		return nil
 	}
-	return nil
+	st := p.Snapshot()
+	for i := range st {
+		st[i].Mode = string(PoolTransaction)
+	}
+	return st
 }
 
 // ReloadPooling applies new pool settings (sizes, timeouts) to a running server: the

@@ -27,15 +27,16 @@ import (
 // sessionPool holds the counts of session mode's server connections and the idle ones.
 type sessionPool struct {
 	mu      sync.Mutex
-	byKey   map[string][]*idleServer // idle connections by reuseTarget key, newest last
-	idle    map[pool.Key]int         // idle connections of each (database, user)
-	open    map[pool.Key]int         // connections of each (database, user): in a session, idle or opening
-	openDB  map[string]int           // connections of each database, over its users
-	changed chan struct{}            // closed when room may have come; nil while nobody waits
-	waiting int                      // sessions waiting for room
-	closed  bool                     // the server closed: nothing is kept or lent
-	refused bool                     // the server shuts down: no more sessions are admitted
-	reused  atomic.Uint64            // sessions served by a connection of an earlier one
+	byKey   map[string][]*idleServer        // idle connections by reuseTarget key, newest last
+	idle    map[pool.Key]int                // idle connections of each (database, user)
+	open    map[pool.Key]int                // connections of each (database, user): in a session, idle or opening
+	openDB  map[string]int                  // connections of each database, over its users
+	changed chan struct{}                   // closed when room may have come; nil while nobody waits
+	waiting int                             // sessions waiting for room
+	keys    map[pool.Key]*sessionKeyFigures // waits and counters of each (database, user)
+	closed  bool                            // the server closed: nothing is kept or lent
+	refused bool                            // the server shuts down: no more sessions are admitted
+	reused  atomic.Uint64                   // sessions served by a connection of an earlier one
 }
 
 // idleServer is one idle server connection.
@@ -129,7 +130,9 @@ func (e *waitTimeoutError) Error() string {
 // its connection to put. Without room it closes an idle connection to make some, else
 // waits until a session ends or a connection goes idle, up to l.QueryWaitTimeout (none
 // when negative), until ctx ends, or until gone reports true (checked every second).
-func (p *sessionPool) acquire(ctx context.Context, k pool.Key, startup string, l sessionLimits, gone func() bool) (*serverConn, error) {
+func (p *sessionPool) acquire(ctx context.Context, k pool.Key, startup string, l sessionLimits, gone func() bool) (sc *serverConn, err error) {
+	var wait *sessionWait // set at the first look that finds no room
+	defer func() { p.endAcquire(k, wait, err) }()
 	var expired <-chan time.Time
 	if l.QueryWaitTimeout > 0 {
 		t := time.NewTimer(l.QueryWaitTimeout)
@@ -150,8 +153,8 @@ func (p *sessionPool) acquire(ctx context.Context, k pool.Key, startup string, l
 		}
 		if e := p.popLocked(startup); e != nil {
 			p.mu.Unlock()
-			if sc := p.vet(e); sc != nil {
-				return sc, nil
+			if fit := p.vet(e); fit != nil {
+				return fit, nil
 			}
 			continue
 		}
@@ -164,28 +167,23 @@ func (p *sessionPool) acquire(ctx context.Context, k pool.Key, startup string, l
 			p.changed = make(chan struct{})
 		}
 		changed := p.changed
-		p.waiting++
+		if wait == nil {
+			wait = p.startWaitLocked(k)
+		}
 		p.mu.Unlock()
 		if tick == nil {
 			tick = time.NewTicker(time.Second)
 		}
-		var err error
 		select {
 		case <-changed:
 		case <-expired:
-			err = &waitTimeoutError{key: k, l: l, full: full}
+			return nil, &waitTimeoutError{key: k, l: l, full: full}
 		case <-ctx.Done():
-			err = context.Cause(ctx)
+			return nil, context.Cause(ctx)
 		case <-tick.C:
 			if gone() {
-				err = errClientGone
+				return nil, errClientGone
 			}
-		}
-		p.mu.Lock()
-		p.waiting--
-		p.mu.Unlock()
-		if err != nil {
-			return nil, err
 		}
 	}
 }

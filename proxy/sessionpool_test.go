@@ -55,6 +55,16 @@ func connectLater(connURL string, timeout time.Duration) <-chan connResult {
 	return done
 }
 
+// sessionPoolStat returns the session pool figures of user, the only ones the proxy has.
+func sessionPoolStat(t *testing.T, s *Server, user string) pool.Stats {
+	t.Helper()
+	all := s.SessionPoolStats()
+	if len(all) != 1 || all[0].User != user {
+		t.Fatalf("session pool figures: %+v, want one entry, of %s", all, user)
+	}
+	return all[0]
+}
+
 type connResult struct {
 	pid uint32
 	err error
@@ -91,6 +101,10 @@ func TestSessionPoolLimits(t *testing.T) {
 		if n := backendsOf(t, watcher, testenv.SCRAMUser); n != 2 {
 			t.Fatalf("%d backends with pool-size 2", n)
 		}
+		if st := sessionPoolStat(t, p.srv, testenv.SCRAMUser); st.Mode != "session" || st.ClientsActive != 2 || st.ServersActive != 2 ||
+			st.ClientsWaiting != 1 || st.MaxWait <= 0 || st.PoolSize != 2 || st.Acquires != 2 || st.ServersIdle != 0 {
+			t.Fatalf("pool figures with a session waiting: %+v", st)
+		}
 		a.Close(testContext(t))
 		r := <-later
 		if r.err != nil {
@@ -102,6 +116,10 @@ func TestSessionPoolLimits(t *testing.T) {
 		waitSessionFigures(t, p.srv, "two connections, one idle", func(f SessionServerFigures) bool {
 			return f.Waiting == 0 && f.Open == 2 && f.Idle == 1
 		})
+		if st := sessionPoolStat(t, p.srv, testenv.SCRAMUser); st.ClientsActive != 1 || st.ServersIdle != 1 ||
+			st.ClientsWaiting != 0 || st.MaxWait != 0 || st.Acquires != 3 || st.WaitTime <= 0 || st.WaitTimeouts != 0 {
+			t.Fatalf("pool figures after the wait: %+v", st)
+		}
 	})
 	t.Run("another startup closes an idle connection", func(t *testing.T) {
 		p, connURL := reuseProxy(t, db, func(s *Server) { s.Pooling.PoolSize = 1 })
@@ -121,6 +139,9 @@ func TestSessionPoolLimits(t *testing.T) {
 		a, pidA := openSession(t, connURL)
 		r := <-connectLater(connURL, 30*time.Second)
 		wantSQLState(t, r.err, "53300")
+		if st := sessionPoolStat(t, p.srv, testenv.SCRAMUser); st.WaitTimeouts != 1 || st.ClientsWaiting != 0 || st.Acquires != 1 {
+			t.Fatalf("pool figures after a wait timed out: %+v", st)
+		}
 		if _, err := a.Exec(testContext(t), "SELECT 1"); err != nil {
 			t.Fatalf("the session holding the connection: %v", err)
 		}

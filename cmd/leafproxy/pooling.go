@@ -1,7 +1,9 @@
 package main
 
 import (
+	"cmp"
 	"errors"
+	"slices"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,8 +27,21 @@ func (f *poolFigures) sessionServers() proxy.SessionServerFigures {
 	return proxy.SessionServerFigures{}
 }
 
-// snapshot returns the figures of every pool; none before the proxy runs or in session
-// mode.
+// all returns the figures of every pool, of both modes, for /pools and the status page:
+// by database and user, a (database, user) whose mode changed at a reload having both.
+func (f *poolFigures) all() []pool.Stats {
+	st := f.snapshot()
+	if s := f.srv.Load(); s != nil {
+		st = append(st, s.SessionPoolStats()...)
+	}
+	slices.SortStableFunc(st, func(a, b pool.Stats) int {
+		return cmp.Or(cmp.Compare(a.Database, b.Database), cmp.Compare(a.User, b.User), cmp.Compare(a.Mode, b.Mode))
+	})
+	return st
+}
+
+// snapshot returns the figures of transaction mode's pools, which /metrics exports as
+// leafproxy_pool_…; none before the proxy runs or in session mode.
 func (f *poolFigures) snapshot() []pool.Stats {
 	s := f.srv.Load()
 	if s == nil {

@@ -63,8 +63,11 @@ func TestTransactionPoolWiring(t *testing.T) {
 		t.Fatalf("/pools: %d %v\n%s", code, err, body)
 	}
 	st := pools.Pools[0]
-	if st.PoolSize != 3 || st.Acquires < 100 || st.Dials > 3 {
-		t.Fatalf("/pools: %+v; want pool-size 3, every transaction lent, at most 3 dials", st)
+	if st.Mode != "transaction" || st.PoolSize != 3 || st.Acquires < 100 || st.Dials > 3 {
+		t.Fatalf("/pools: %+v; want transaction mode, pool-size 3, every transaction lent, at most 3 dials", st)
+	}
+	if _, page := s.get("/", ""); !strings.Contains(page, fmt.Sprintf(`<tr class="pool"><td>%s</td><td>%s</td><td>transaction</td>`, st.Database, st.User)) {
+		t.Fatalf("the status page has no row of the pool:\n%s", page)
 	}
 	_, body = s.get("/metrics", "")
 	series := fmt.Sprintf(`leafproxy_pool_size{database=%q,user=%q}`, st.Database, st.User)
@@ -357,6 +360,17 @@ func TestSessionReuseWiring(t *testing.T) {
 	_, body = s.get("/metrics", "")
 	if open, waiting := metricValue(t, body, "leafproxy_session_servers"), metricValue(t, body, "leafproxy_session_clients_waiting"); open != 1 || waiting != 0 {
 		t.Fatalf("leafproxy_session_servers = %v, leafproxy_session_clients_waiting = %v; want 1 and 0", open, waiting)
+	}
+	_, body = s.get("/pools", "")
+	var pools struct{ Pools []pool.Stats }
+	if err := json.Unmarshal([]byte(body), &pools); err != nil || len(pools.Pools) != 1 {
+		t.Fatalf("/pools: %v\n%s", err, body)
+	}
+	if st := pools.Pools[0]; st.Mode != "session" || st.PoolSize != 1 || st.ServersActive != 1 || st.ClientsWaiting != 0 || st.WaitTimeouts != 1 {
+		t.Fatalf("/pools: %+v; want session mode, pool-size 1, one connection in a session, one wait timed out", st)
+	}
+	if _, page := s.get("/", ""); !strings.Contains(page, `<td>session</td><td class="num">1</td>`) {
+		t.Fatalf("the status page has no row of the session pool:\n%s", page)
 	}
 	first.Close(ctx)
 	s.stop()

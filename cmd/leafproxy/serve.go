@@ -329,7 +329,7 @@ func (a *app) serveHTTP(ln net.Listener, wg *sync.WaitGroup) {
 			IsSnowflakeTag: a.router.IsSnowflake,
 			Totals:         a.metrics.IssuedTotals,
 			Ready:          a.ready,
-			Pools:          a.pools.snapshot,
+			Pools:          a.pools.all,
 			Metrics:        a.metrics.Handler(),
 			Token:          a.cfg.HTTPToken,
 			Logger:         a.log,

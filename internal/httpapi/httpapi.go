@@ -53,8 +53,8 @@ type Options struct {
 	Totals func() map[metrics.Key]uint64
 	// Ready returns nil when the engines can issue IDs, else the reason they cannot.
 	Ready func(ctx context.Context) error
-	// Pools returns the figures of the proxy's pools of server connections for /pools
-	// (transaction mode).
+	// Pools returns the figures of the proxy's pools of server connections, of both
+	// modes, for /pools and the status page.
 	Pools func() []pool.Stats
 	// Metrics serves /metrics.
 	Metrics http.Handler
@@ -84,7 +84,8 @@ type Decoded struct {
 
 type server struct {
 	Options
-	mux *http.ServeMux
+	mux   *http.ServeMux
+	rates poolRates // the pools' rates on the status page
 }
 
 // New returns the admin handler.

@@ -202,10 +202,18 @@ svg text { font: 10px system-ui, sans-serif; fill: #5b6775; }
 <p class="muted">{{if .Read}}Read from the store at {{.ReadAt.Format "15:04:05"}}{{else}}Not read from the store yet{{end}}{{if .LastError}}; last error: {{.LastError}}{{end}}. Rates are the advance of max_id by all proxies together.</p>
 {{else}}<p class="muted">not measured</p>{{end}}
 
+{{if .PoolsOn}}<h2>Pools</h2>
+{{if .Pools}}<table id="pools">
+<tr><th>database</th><th>user</th><th>mode</th><th>clients active</th><th>waiting</th><th>longest wait</th><th>servers active</th><th>idle</th><th>used</th><th>login</th><th>pool size</th><th>transactions/s</th><th>queries/s</th><th>wait time</th><th>wait timeouts</th></tr>
+{{range .Pools}}<tr class="pool"><td>{{.Database}}</td><td>{{.User}}</td><td>{{.Mode}}</td><td class="num">{{.ClientsActive}}</td><td class="num">{{.ClientsWaiting}}</td><td class="num">{{.MaxWait.Round 1000000}}</td><td class="num">{{.ServersActive}}</td><td class="num">{{.ServersIdle}}</td><td class="num">{{.ServersUsed}}</td><td class="num">{{.ServersLogin}}</td><td class="num">{{.PoolSize}}</td>{{if eq .Mode "session"}}<td class="num">—</td><td class="num">—</td>{{else if .Rated}}<td class="num">{{printf "%.1f" .TxPerSecond}}</td><td class="num">{{printf "%.1f" .QPerSecond}}</td>{{else}}<td class="num muted">next look</td><td class="num muted">next look</td>{{end}}<td class="num">{{.WaitTime.Round 1000000}}</td><td class="num">{{.WaitTimeouts}}</td></tr>
+{{end}}</table>
+<p class="muted">One row per (database, user) and pool mode, as on <a href="pools">/pools</a>. Session mode counts the sessions the proxy authenticated; its sessions are not counted by transaction. Rates are over the time since this page was last made.</p>
+{{else}}<p class="muted">none yet</p>{{end}}
+{{end}}
 <h2>Fill rules</h2>
 {{if .Status.FillRules}}<ul>{{range .Status.FillRules}}<li><code>{{.}}</code></li>{{end}}</ul>{{else}}<p class="muted">none</p>{{end}}
 
-<p class="muted">Machine-readable: <a href="cache">/cache</a> · <a href="metrics">/metrics</a> · <a href="readyz">/readyz</a></p>
+<p class="muted">Machine-readable: <a href="cache">/cache</a> · <a href="pools">/pools</a> · <a href="metrics">/metrics</a> · <a href="readyz">/readyz</a></p>
 </body>
 </html>
 `))
@@ -239,6 +247,9 @@ type statusData struct {
 	Rows    []statusRow
 	Errors  []errorRow
 	Graphs  []graph
+	// PoolsOn: the proxy reports its pools (Options.Pools); Pools are they.
+	PoolsOn bool
+	Pools   []poolRow
 }
 
 func pct(idle, size int64) int {
@@ -261,6 +272,10 @@ func (s *server) statusPage(w http.ResponseWriter, r *http.Request) {
 		cancel()
 	}
 	d.Rows = s.tagRows(d.Status)
+	if s.Pools != nil {
+		d.PoolsOn = true
+		d.Pools = s.rates.rows(s.Pools(), d.Now)
+	}
 	if s.History != nil {
 		samples := s.History()
 		d.Errors = errorRows(samples, d.Now)

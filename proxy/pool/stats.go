@@ -41,6 +41,9 @@ func (s *Server[C]) CountTransaction(queries int) {
 type Stats struct {
 	Database string `json:"database"`
 	User     string `json:"user"`
+	// Mode is the pool mode of the key's sessions, "transaction" or "session"; the
+	// proxy sets it (a Pool's own Snapshot leaves it empty).
+	Mode string `json:"pool_mode,omitempty"`
 
 	// ClientsActive are the borrowers holding a connection; ClientsWaiting those queued
 	// in Acquire, and MaxWait how long the first of them has waited.

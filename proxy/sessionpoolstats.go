@@ -1,0 +1,114 @@
+package proxy
+
+import (
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/leafproxy/leafproxy/proxy/pool"
+)
+
+// sessionKeyFigures are the session pool's figures of one (database, user) besides its
+// counts of connections: the waits under way and what the waits came to so far. Under
+// sessionPool.mu.
+type sessionKeyFigures struct {
+	waits        map[*sessionWait]struct{} // the sessions waiting for room now
+	acquires     uint64                    // sessions that got a connection or room for one
+	waitTime     time.Duration             // time spent by waits that ended
+	waitTimeouts uint64                    // waits that reached query-wait-timeout
+}
+
+// sessionWait is one session's wait for room, from its first look at a full pool until
+// acquire returns.
+type sessionWait struct{ since time.Time }
+
+// figuresLocked returns the figures of k, made on first use.
+func (p *sessionPool) figuresLocked(k pool.Key) *sessionKeyFigures {
+	f := p.keys[k]
+	if f == nil {
+		if p.keys == nil {
+			p.keys = make(map[pool.Key]*sessionKeyFigures)
+		}
+		f = &sessionKeyFigures{waits: make(map[*sessionWait]struct{})}
+		p.keys[k] = f
+	}
+	return f
+}
+
+// startWaitLocked records that a session of k waits for room.
+func (p *sessionPool) startWaitLocked(k pool.Key) *sessionWait {
+	w := &sessionWait{since: time.Now()}
+	p.figuresLocked(k).waits[w] = struct{}{}
+	p.waiting++
+	return w
+}
+
+// endAcquire records how a session's acquire for k ended: with a connection or room
+// (err nil), or not; w is its wait, nil when it did not wait.
+func (p *sessionPool) endAcquire(k pool.Key, w *sessionWait, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	f := p.figuresLocked(k)
+	if w != nil {
+		delete(f.waits, w)
+		p.waiting--
+		f.waitTime += time.Since(w.since)
+	}
+	switch err.(type) {
+	case nil:
+		f.acquires++
+	case *waitTimeoutError:
+		f.waitTimeouts++
+	}
+}
+
+// stats returns the figures of every (database, user) the pool has seen, in the words
+// of pool.Stats, sorted by database then user; limits gives each its pool-size.
+func (p *sessionPool) stats(limits func(pool.Key) sessionLimits) []pool.Stats {
+	p.mu.Lock()
+	now := time.Now()
+	out := make([]pool.Stats, 0, len(p.keys))
+	for k, f := range p.keys {
+		out = append(out, p.keyStatsLocked(k, f, now))
+	}
+	for k := range p.open {
+		if p.keys[k] == nil {
+			out = append(out, p.keyStatsLocked(k, &sessionKeyFigures{}, now))
+		}
+	}
+	p.mu.Unlock()
+	for i := range out {
+		out[i].PoolSize = limits(pool.Key{Database: out[i].Database, User: out[i].User}).PoolSize
+	}
+	slices.SortFunc(out, func(a, b pool.Stats) int {
+		if c := strings.Compare(a.Database, b.Database); c != 0 {
+			return c
+		}
+		return strings.Compare(a.User, b.User)
+	})
+	return out
+}
+
+// keyStatsLocked returns the figures of k, whose own are f, at now: the connections in a
+// session (or being opened for one) are both its active clients and active servers.
+func (p *sessionPool) keyStatsLocked(k pool.Key, f *sessionKeyFigures, now time.Time) pool.Stats {
+	inSession := p.open[k] - p.idle[k]
+	st := pool.Stats{
+		Database: k.Database, User: k.User, Mode: string(PoolSession),
+		ClientsActive: inSession, ClientsWaiting: len(f.waits),
+		ServersActive: inSession, ServersIdle: p.idle[k],
+		Acquires: f.acquires, WaitTime: f.waitTime, WaitTimeouts: f.waitTimeouts,
+	}
+	// Waits under way count in the total too, as in transaction mode's pools.
+	for w := range f.waits {
+		wait := now.Sub(w.since)
+		st.WaitTime += wait
+		st.MaxWait = max(st.MaxWait, wait)
+	}
+	return st
+}
+
+// SessionPoolStats returns the figures of session mode's pools, one per (database, user)
+// whose sessions the proxy authenticated, in the words of PoolStats. Sessions in session
+// mode are not counted by transaction or query (Transactions and Queries stay 0).
+func (s *Server) SessionPoolStats() []pool.Stats { return s.sessionPool.stats(s.sessionLimits) }

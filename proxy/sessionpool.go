@@ -20,7 +20,7 @@ import (
 // user) full closes an idle connection of another startup of its own (database, user),
 // or of another user when it is its database that is full, to open its own; when there
 // is none it waits, up to query-wait-timeout, for a session to end or a connection to
-// go idle. A session whose login the proxy relays (auth-type passthrough) counts
+// go idle, behind the sessions that came before it for the same room (aheadLocked). A session whose login the proxy relays (auth-type passthrough) counts
 // nowhere: its user is the database's to check, and a count taken before the check
 // would let clients without a password hold the room of those with one.
 
@@ -34,6 +34,7 @@ type sessionPool struct {
 	changed chan struct{}                   // closed when room may have come; nil while nobody waits
 	waiting int                             // sessions waiting for room
 	keys    map[pool.Key]*sessionKeyFigures // waits and counters of each (database, user)
+	queue   []*sessionWait                  // the waits under way, first come first
 	closed  bool                            // the server closed: nothing is kept or lent
 	refused bool                            // the server shuts down: no more sessions are admitted
 	reused  atomic.Uint64                   // sessions served by a connection of an earlier one
@@ -151,25 +152,28 @@ func (p *sessionPool) acquire(ctx context.Context, k pool.Key, startup string, l
 			p.mu.Unlock()
 			return nil, errSessionPoolClosed
 		}
-		if e := p.popLocked(startup); e != nil {
-			p.mu.Unlock()
-			if fit := p.vet(e); fit != nil {
-				return fit, nil
-			}
-			continue
-		}
-		full := p.makeRoomLocked(k, l)
+		full := p.aheadLocked(k, wait)
 		if full == "" {
-			p.mu.Unlock()
-			return nil, nil
+			if e := p.popLocked(startup); e != nil {
+				p.mu.Unlock()
+				if fit := p.vet(e); fit != nil {
+					return fit, nil
+				}
+				continue
+			}
+			if full = p.makeRoomLocked(k, l); full == "" {
+				p.mu.Unlock()
+				return nil, nil
+			}
 		}
 		if p.changed == nil {
 			p.changed = make(chan struct{})
 		}
 		changed := p.changed
 		if wait == nil {
-			wait = p.startWaitLocked(k)
+			wait = p.startWaitLocked(k, full)
 		}
+		wait.full = full
 		p.mu.Unlock()
 		if tick == nil {
 			tick = time.NewTicker(time.Second)
@@ -186,6 +190,25 @@ func (p *sessionPool) acquire(ctx context.Context, k pool.Key, startup string, l
 			}
 		}
 	}
+}
+
+// aheadLocked returns what an earlier wait than w (nil: a session that does not wait
+// yet) that a session of k must let go first waits under, "" when there is none: a wait
+// of k itself, or one under max-db-connections of k's database. The waits are thus
+// served first come first, and a session that comes while others wait for the same room
+// does not take it before them.
+func (p *sessionPool) aheadLocked(k pool.Key, w *sessionWait) string {
+	for _, x := range p.queue {
+		switch {
+		case x == w:
+			return ""
+		case x.key == k:
+			return x.full
+		case x.full == "max-db-connections" && x.key.Database == k.Database:
+			return x.full
+		}
+	}
+	return ""
 }
 
 // errClientGone is acquire's error when the client went away while it waited.

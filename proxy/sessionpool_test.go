@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -243,4 +244,61 @@ func TestSessionPoolLimits(t *testing.T) {
 			t.Fatalf("relayed logins counted: %+v", f)
 		}
 	})
+}
+
+// TestSessionPoolFirstComeFirstServed: the sessions waiting for room get it in the order
+// they came, a session that comes while others wait for the same room queues behind
+// them even when room has just come, and a session of another (database, user) with
+// room of its own does not wait for them.
+func TestSessionPoolFirstComeFirstServed(t *testing.T) {
+	var p sessionPool
+	alice := pool.Key{Database: "app", User: "alice"}
+	bob := pool.Key{Database: "app", User: "bob"}
+	l := sessionLimits{Limits: pool.Limits{PoolSize: 1, QueryWaitTimeout: -1}}
+	stay := func() bool { return false }
+	ctx := testContext(t)
+	if _, err := p.acquire(ctx, alice, "", l, stay); err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan string, 3)
+	waitIn := func(name string, waiting int) {
+		t.Helper()
+		go func() {
+			if _, err := p.acquire(ctx, alice, "", l, stay); err != nil {
+				served <- name + ": " + err.Error()
+				return
+			}
+			served <- name
+		}()
+		waitFor(t, 30*time.Second, fmt.Sprintf("%d sessions waiting", waiting), func() error {
+			if f := p.figures(); f.Waiting != waiting {
+				return fmt.Errorf("%+v", f)
+			}
+			return nil
+		})
+	}
+	waitIn("first", 1)
+	waitIn("second", 2)
+	if _, err := p.acquire(ctx, bob, "", l, stay); err != nil {
+		t.Fatalf("another user with room of its own: %v", err)
+	}
+
+	p.release(alice)
+	// The room is the first waiter's, not a session's that comes now.
+	short := l
+	short.QueryWaitTimeout = 200 * time.Millisecond
+	var timeout *waitTimeoutError
+	if _, err := p.acquire(ctx, alice, "", short, stay); !errors.As(err, &timeout) {
+		t.Fatalf("a session that came while two waited: %v, want to wait its turn and time out", err)
+	}
+	if got := <-served; got != "first" {
+		t.Fatalf("served %q, want the first waiter", got)
+	}
+	p.release(alice)
+	if got := <-served; got != "second" {
+		t.Fatalf("served %q, want the second waiter", got)
+	}
+	if f := p.figures(); f.Waiting != 0 || f.Open != 2 {
+		t.Fatalf("figures at the end: %+v, want none waiting and two open", f)
+	}
 }

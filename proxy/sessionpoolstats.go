@@ -20,7 +20,11 @@ type sessionKeyFigures struct {
 
 // sessionWait is one session's wait for room, from its first look at a full pool until
 // acquire returns.
-type sessionWait struct{ since time.Time }
+type sessionWait struct {
+	since time.Time
+	key   pool.Key
+	full  string // what it waits for room under: "pool-size" or "max-db-connections"
+}
 
 // figuresLocked returns the figures of k, made on first use.
 func (p *sessionPool) figuresLocked(k pool.Key) *sessionKeyFigures {
@@ -36,9 +40,10 @@ func (p *sessionPool) figuresLocked(k pool.Key) *sessionKeyFigures {
 }
 
 // startWaitLocked records that a session of k waits for room.
-func (p *sessionPool) startWaitLocked(k pool.Key) *sessionWait {
-	w := &sessionWait{since: time.Now()}
+func (p *sessionPool) startWaitLocked(k pool.Key, full string) *sessionWait {
+	w := &sessionWait{since: time.Now(), key: k, full: full}
 	p.figuresLocked(k).waits[w] = struct{}{}
+	p.queue = append(p.queue, w)
 	p.waiting++
 	return w
 }
@@ -51,8 +56,10 @@ func (p *sessionPool) endAcquire(k pool.Key, w *sessionWait, err error) {
 	f := p.figuresLocked(k)
 	if w != nil {
 		delete(f.waits, w)
+		p.queue = slices.DeleteFunc(p.queue, func(x *sessionWait) bool { return x == w })
 		p.waiting--
 		f.waitTime += time.Since(w.since)
+		p.wakeLocked() // the next in the queue may go now
 	}
 	switch err.(type) {
 	case nil:

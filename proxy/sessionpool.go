@@ -20,9 +20,10 @@ import (
 // user) full closes an idle connection of another startup of its own (database, user),
 // or of another user when it is its database that is full, to open its own; when there
 // is none it waits, up to query-wait-timeout, for a session to end or a connection to
-// go idle, behind the sessions that came before it for the same room (aheadLocked). A session whose login the proxy relays (auth-type passthrough) counts
-// nowhere: its user is the database's to check, and a count taken before the check
-// would let clients without a password hold the room of those with one.
+// go idle, behind the sessions that came before it for the same room (aheadLocked). A
+// session whose login the proxy relays (auth-type passthrough) counts nowhere: its user
+// is the database's to check, and a count taken before the check would let clients
+// without a password hold the room of those with one.
 
 // sessionPool holds the counts of session mode's server connections and the idle ones.
 type sessionPool struct {
@@ -32,9 +33,8 @@ type sessionPool struct {
 	open    map[pool.Key]int                // connections of each (database, user): in a session, idle or opening
 	openDB  map[string]int                  // connections of each database, over its users
 	changed chan struct{}                   // closed when room may have come; nil while nobody waits
-	waiting int                             // sessions waiting for room
 	keys    map[pool.Key]*sessionKeyFigures // waits and counters of each (database, user)
-	queue   []*sessionWait                  // the waits under way, first come first
+	queue   []*sessionWait                  // the sessions waiting for room, first come first
 	closed  bool                            // the server closed: nothing is kept or lent
 	refused bool                            // the server shuts down: no more sessions are admitted
 	reused  atomic.Uint64                   // sessions served by a connection of an earlier one
@@ -440,7 +440,7 @@ type SessionServerFigures struct {
 func (p *sessionPool) figures() SessionServerFigures {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	f := SessionServerFigures{Waiting: p.waiting, Reused: p.reused.Load()}
+	f := SessionServerFigures{Waiting: len(p.queue), Reused: p.reused.Load()}
 	for _, n := range p.open {
 		f.Open += n
 	}

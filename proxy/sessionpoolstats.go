@@ -8,14 +8,13 @@ import (
 	"github.com/leafproxy/leafproxy/proxy/pool"
 )
 
-// sessionKeyFigures are the session pool's figures of one (database, user) besides its
-// counts of connections: the waits under way and what the waits came to so far. Under
+// sessionKeyFigures are the session pool's totals of one (database, user), besides its
+// counts of connections and its waits under way (sessionPool.queue). Under
 // sessionPool.mu.
 type sessionKeyFigures struct {
-	waits        map[*sessionWait]struct{} // the sessions waiting for room now
-	acquires     uint64                    // sessions that got a connection or room for one
-	waitTime     time.Duration             // time spent by waits that ended
-	waitTimeouts uint64                    // waits that reached query-wait-timeout
+	acquires     uint64        // sessions that got a connection or room for one
+	waitTime     time.Duration // time spent by waits that ended
+	waitTimeouts uint64        // waits that reached query-wait-timeout
 }
 
 // sessionWait is one session's wait for room, from its first look at a full pool until
@@ -33,7 +32,7 @@ func (p *sessionPool) figuresLocked(k pool.Key) *sessionKeyFigures {
 		if p.keys == nil {
 			p.keys = make(map[pool.Key]*sessionKeyFigures)
 		}
-		f = &sessionKeyFigures{waits: make(map[*sessionWait]struct{})}
+		f = &sessionKeyFigures{}
 		p.keys[k] = f
 	}
 	return f
@@ -42,9 +41,8 @@ func (p *sessionPool) figuresLocked(k pool.Key) *sessionKeyFigures {
 // startWaitLocked records that a session of k waits for room.
 func (p *sessionPool) startWaitLocked(k pool.Key, full string) *sessionWait {
 	w := &sessionWait{since: time.Now(), key: k, full: full}
-	p.figuresLocked(k).waits[w] = struct{}{}
 	p.queue = append(p.queue, w)
-	p.waiting++
+	p.figuresLocked(k) // listed by stats while it waits, connections or not
 	return w
 }
 
@@ -55,9 +53,7 @@ func (p *sessionPool) endAcquire(k pool.Key, w *sessionWait, err error) {
 	defer p.mu.Unlock()
 	f := p.figuresLocked(k)
 	if w != nil {
-		delete(f.waits, w)
 		p.queue = slices.DeleteFunc(p.queue, func(x *sessionWait) bool { return x == w })
-		p.waiting--
 		f.waitTime += time.Since(w.since)
 		p.wakeLocked() // the next in the queue may go now
 	}
@@ -102,12 +98,16 @@ func (p *sessionPool) keyStatsLocked(k pool.Key, f *sessionKeyFigures, now time.
 	inSession := p.open[k] - p.idle[k]
 	st := pool.Stats{
 		Database: k.Database, User: k.User, Mode: string(PoolSession),
-		ClientsActive: inSession, ClientsWaiting: len(f.waits),
+		ClientsActive: inSession,
 		ServersActive: inSession, ServersIdle: p.idle[k],
 		Acquires: f.acquires, WaitTime: f.waitTime, WaitTimeouts: f.waitTimeouts,
 	}
 	// Waits under way count in the total too, as in transaction mode's pools.
-	for w := range f.waits {
+	for _, w := range p.queue {
+		if w.key != k {
+			continue
+		}
+		st.ClientsWaiting++
 		wait := now.Sub(w.since)
 		st.WaitTime += wait
 		st.MaxWait = max(st.MaxWait, wait)

@@ -40,6 +40,10 @@ type Endpoint struct {
 	// transactions, is the hop's own cost per transaction: a figure that, unlike TPS,
 	// does not depend on how many cores pgbench and the server leave it.
 	CPU func() (time.Duration, error)
+	// Rival, when set, names another endpoint of the group, also with a CPU meter, that
+	// the table compares this one's CPU per transaction with round by round (leafproxy
+	// with PgBouncer, say; see pairedCell).
+	Rival string
 	// Units is how many units of work (IDs, say) one transaction of the script does; when
 	// set, ratios compare TPS × Units, so that a batch of 1,000 IDs per transaction is
 	// compared by IDs per second with one ID per transaction.
@@ -99,6 +103,9 @@ type Result struct {
 	// the figure the hops are compared by, and a round disturbed by other work on the
 	// machine moves TPS and CPU differently.
 	RoundsPerTx []time.Duration
+	// ByRound holds the same figures in the order of the rounds, so that two hops can be
+	// compared round by round (see pairedCell).
+	ByRound []time.Duration
 }
 
 // CPUPerTx is the hop's CPU time per transaction (over the rounds, their median), 0
@@ -225,14 +232,14 @@ func median(rs []Result) Result {
 	slices.SortFunc(sorted, func(a, b Result) int { return cmp.Compare(a.TPS, b.TPS) })
 	m := sorted[len(sorted)/2]
 	m.Failed = 0
-	m.RoundsPerTx = nil
+	m.RoundsPerTx, m.ByRound = nil, nil
 	for _, r := range rs {
 		m.Failed += r.Failed
 		if r.HopCPU > 0 {
-			m.RoundsPerTx = append(m.RoundsPerTx, r.perTx())
+			m.ByRound = append(m.ByRound, r.perTx())
 		}
 	}
-	slices.Sort(m.RoundsPerTx)
+	m.RoundsPerTx = slices.Sorted(slices.Values(m.ByRound))
 	return m
 }
 
@@ -330,6 +337,10 @@ func Table(groups []Group, results []Result) string {
 				fmt.Fprintf(&b, " %s CPU µs/tx |", e.Name)
 			}
 		}
+		pairs := cpuPairs(g.Endpoints)
+		for _, p := range pairs {
+			fmt.Fprintf(&b, " %s / %s CPU per round |", p[0], p[1])
+		}
 		b.WriteString("\n|---|---|---:|---:|")
 		if baseCPU {
 			b.WriteString("---:|")
@@ -340,6 +351,7 @@ func Table(groups []Group, results []Result) string {
 				b.WriteString("---:|")
 			}
 		}
+		b.WriteString(strings.Repeat("---:|", len(pairs)))
 		b.WriteString("\n")
 		type key struct {
 			mode    string
@@ -391,10 +403,53 @@ func Table(groups []Group, results []Result) string {
 					fmt.Fprintf(&b, " %s |", cpuCell(r))
 				}
 			}
+			for _, p := range pairs {
+				fmt.Fprintf(&b, " %s |", pairedCell(row[p[0]], row[p[1]]))
+			}
 			b.WriteString("\n")
 		}
 	}
 	return b.String()
+}
+
+// cpuPairs names the hops whose CPU the table compares round by round: each endpoint
+// with a Rival, and the rival.
+func cpuPairs(endpoints []Endpoint) [][2]string {
+	var pairs [][2]string
+	for _, e := range endpoints {
+		if e.Rival != "" {
+			pairs = append(pairs, [2]string{e.Name, e.Rival})
+		}
+	}
+	return pairs
+}
+
+// pairedCell compares the CPU per transaction of hops a and b round by round, each
+// round's ratio taken between runs made one after the other, which a machine whose
+// load drifts over minutes disturbs less than it does the two medians: the median of
+// the ratios, their range, and in how many rounds a cost less. "–" when the rounds do
+// not pair up (a hop that cannot run the mode).
+func pairedCell(a, b Result) string {
+	n := len(a.ByRound)
+	if n == 0 || len(b.ByRound) != n {
+		return "–"
+	}
+	ratios := make([]float64, n)
+	less := 0
+	for i := range n {
+		if b.ByRound[i] <= 0 {
+			return "–"
+		}
+		ratios[i] = float64(a.ByRound[i]) / float64(b.ByRound[i])
+		if ratios[i] < 1 {
+			less++
+		}
+	}
+	slices.Sort(ratios)
+	if n == 1 {
+		return fmt.Sprintf("%.2f×", ratios[0])
+	}
+	return fmt.Sprintf("%.2f× (%.2f–%.2f), less in %d of %d", ratios[n/2], ratios[0], ratios[n-1], less, n)
 }
 
 // cpuCell is the CPU per transaction of a row in µs, with the range over the rounds

@@ -370,3 +370,41 @@ func TestDuringRunsAlongEachRun(t *testing.T) {
 		t.Fatalf("Run with a failing During: %v", err)
 	}
 }
+
+// TestPairedCPU: a hop with a rival gets a column comparing their CPU per transaction
+// round by round: the median of the rounds' ratios, their range, and in how many rounds
+// the hop cost less; a mode the rival cannot run has none.
+func TestPairedCPU(t *testing.T) {
+	meter := func() (time.Duration, error) { return 0, nil }
+	groups := []Group{{Name: "g", Endpoints: []Endpoint{
+		{Name: "direct"}, {Name: "proxy", CPU: meter, Rival: "bouncer"}, {Name: "bouncer", CPU: meter, Unsupported: map[string]string{"prepared": "cannot"}},
+	}}}
+	rounds := func(endpoint, mode string, tps float64, usPerTx ...int) Result {
+		var rs []Result
+		for _, us := range usPerTx {
+			rs = append(rs, Result{TPS: tps, Transactions: 1000, HopCPU: time.Duration(us) * time.Millisecond})
+		}
+		m := median(rs)
+		m.Group, m.Endpoint, m.Mode, m.Clients = "g", endpoint, mode, 8
+		return m
+	}
+	// Round by round: 30/40, 36/30, 20/25: ratios 0.75, 1.2, 0.8. The medians (30 and
+	// 30) alone would call the two equal.
+	results := []Result{
+		{Group: "g", Endpoint: "direct", Mode: "simple", Clients: 8, TPS: 400},
+		rounds("proxy", "simple", 200, 30, 36, 20),
+		rounds("bouncer", "simple", 200, 40, 30, 25),
+		{Group: "g", Endpoint: "direct", Mode: "prepared", Clients: 8, TPS: 400},
+		rounds("proxy", "prepared", 200, 30, 36, 20),
+	}
+	table := Table(groups, results)
+	for _, want := range []string{
+		"| proxy CPU µs/tx | bouncer TPS | bouncer / direct | bouncer CPU µs/tx | proxy / bouncer CPU per round |",
+		"| 30.0 (25.0–40.0) | 0.80× (0.75–1.20), less in 2 of 3 |",
+		"| cannot | – | – | – |",
+	} {
+		if !strings.Contains(table, want) {
+			t.Errorf("table lacks %q:\n%s", want, table)
+		}
+	}
+}

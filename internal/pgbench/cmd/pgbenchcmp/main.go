@@ -335,6 +335,9 @@ func (h hops) selectOnly(ctx context.Context, name, socketDir string, tlsFiles *
 	}
 	stops = append(stops, func() { _ = lp.Close() })
 	g.leafproxy = pgbench.Endpoint{Name: "leafproxy", URL: lp.URL(h.dbURL), CPU: h.meter(lp)}
+	if h.bouncer {
+		g.leafproxy.Rival = "pgbouncer"
+	}
 	add(g.leafproxy)
 	if h.goroutines {
 		lg, err := pgbench.StartLeafproxy(ctx, h.bin, append(args, "--event-loops", "-1")...)

@@ -101,6 +101,9 @@ func txPoolGroup(ctx context.Context, h hops, o txPoolOptions) (pgbench.Group, f
 		stops = append(stops, func() { _ = lp.Close() })
 		e := profiled(lp, name, roleURL, o.pprofDir)
 		e.CPU = h.meter(lp)
+		if h.bouncer && bin == h.bin {
+			e.Rival = "pgbouncer tx"
+		}
 		add(e)
 		return nil
 	}

@@ -238,7 +238,10 @@ func TestCrashedHolderIsReclaimedAfterExpiry(t *testing.T) {
 	}
 	defer crashPool.Close()
 	log, _ := test.NewNullLogger()
-	ahead := offsetClock{3 * time.Second}
+	// The crashed holder's clock runs far enough ahead that its mark is still ahead after
+	// the setup's waits (for the mark in the row, up to 5 s, and for the row to expire,
+	// up to 2 TTLs) on a slow machine; the new holder waits it out (MaxStartWait below).
+	ahead := offsetClock{12 * time.Second}
 	crashedSettings := settings
 	crashedSettings.Now = ahead.Now // the lease's deadline is read on the engine's clock
 	crashed, err := snowflake.New(snowflake.Settings{Source: newSource(t, crashPool, crashedSettings),
@@ -275,7 +278,7 @@ func TestCrashedHolderIsReclaimedAfterExpiry(t *testing.T) {
 	if ahead := lastMs - started.UnixMilli(); ahead <= 0 {
 		t.Fatalf("setup: the crashed holder's mark is not ahead of this clock (%d ms)", ahead)
 	}
-	e := startEngine(t, snowflake.Settings{Source: newSource(t, pool, settings), Logger: log})
+	e := startEngine(t, snowflake.Settings{Source: newSource(t, pool, settings), Logger: log, MaxStartWait: 20 * time.Second})
 	if in := e.Info(); in.WorkerID != 0 || in.HighWaterMillis < lastMs {
 		t.Fatalf("new holder: %+v, want worker 0 with the crashed holder's mark %d", in, lastMs)
 	}

@@ -30,15 +30,25 @@ func (f *poolFigures) sessionServers() proxy.SessionServerFigures {
 // all returns the figures of every pool, of both modes, for /pools and the status page:
 // by database and user, a (database, user) whose mode changed at a reload having both.
 func (f *poolFigures) all() []pool.Stats {
-	st := f.snapshot()
-	if s := f.srv.Load(); s != nil {
-		st = append(st, s.SessionPoolStats()...)
-	}
+	st := append(f.snapshot(), f.sessionSnapshot()...)
 	slices.SortStableFunc(st, func(a, b pool.Stats) int {
 		return cmp.Or(cmp.Compare(a.Database, b.Database), cmp.Compare(a.User, b.User), cmp.Compare(a.Mode, b.Mode))
 	})
 	return st
 }
+
+// sessionSnapshot returns the figures of session mode's pools, which /metrics exports as
+// leafproxy_session_pool_…; none before the proxy runs.
+func (f *poolFigures) sessionSnapshot() []pool.Stats {
+	if s := f.srv.Load(); s != nil {
+		return s.SessionPoolStats()
+	}
+	return []pool.Stats{}
+}
+
+// sessionPoolFigures are the figures of pool.Stats that session mode's pools keep.
+var sessionPoolFigures = []string{"clients_active", "clients_waiting", "max_wait_seconds", "servers_active", "servers_idle",
+	"size", "acquires_total", "wait_seconds_total", "wait_timeouts_total"}
 
 // snapshot returns the figures of transaction mode's pools, which /metrics exports as
 // leafproxy_pool_…; none before the proxy runs or in session mode.
@@ -69,6 +79,7 @@ func (a *app) configurePooling(s *proxy.Server) error {
 	reg := a.metrics.Registry()
 	for _, c := range []prometheus.Collector{
 		pool.NewCollector(a.pools.snapshot),
+		pool.NewCollectorOf("leafproxy_session_pool_", a.pools.sessionSnapshot, sessionPoolFigures...),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "leafproxy_session_servers",
 			Help: "Server connections of session mode's sessions authenticated by the proxy: in a session, idle or opening."},
 			func() float64 { return float64(a.pools.sessionServers().Open) }),

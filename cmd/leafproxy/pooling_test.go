@@ -366,8 +366,16 @@ func TestSessionReuseWiring(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &pools); err != nil || len(pools.Pools) != 1 {
 		t.Fatalf("/pools: %v\n%s", err, body)
 	}
-	if st := pools.Pools[0]; st.Mode != "session" || st.PoolSize != 1 || st.ServersActive != 1 || st.ClientsWaiting != 0 || st.WaitTimeouts != 1 {
+	st := pools.Pools[0]
+	if st.Mode != "session" || st.PoolSize != 1 || st.ServersActive != 1 || st.ClientsWaiting != 0 || st.WaitTimeouts != 1 {
 		t.Fatalf("/pools: %+v; want session mode, pool-size 1, one connection in a session, one wait timed out", st)
+	}
+	_, body = s.get("/metrics", "")
+	for name, want := range map[string]float64{"size": 1, "servers_active": 1, "clients_waiting": 0, "wait_timeouts_total": 1} {
+		series := fmt.Sprintf(`leafproxy_session_pool_%s{database=%q,user=%q}`, name, st.Database, st.User)
+		if v := metricValue(t, body, series); v != want {
+			t.Errorf("%s = %v, want %v", series, v, want)
+		}
 	}
 	if _, page := s.get("/", ""); !strings.Contains(page, `<td>session</td><td class="num">1</td>`) {
 		t.Fatalf("the status page has no row of the session pool:\n%s", page)

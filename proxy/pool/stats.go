@@ -139,14 +139,29 @@ type statDesc struct {
 	value func(*Stats) float64
 }
 
-// NewCollector returns a Collector reading snapshot (a Pool's Snapshot method) at each
-// scrape.
+// NewCollector returns a Collector of every figure, named leafproxy_pool_…, reading
+// snapshot (a Pool's Snapshot method) at each scrape.
 func NewCollector(snapshot func() []Stats) *Collector {
+	return newCollector("leafproxy_pool_", snapshot, nil)
+}
+
+// NewCollectorOf returns a Collector of the figures named (as NewCollector's, without
+// its prefix: "clients_active", "wait_timeouts_total", …), named prefix…, for pools
+// that keep only those (session mode's, say).
+func NewCollectorOf(prefix string, snapshot func() []Stats, names ...string) *Collector {
+	return newCollector(prefix, snapshot, names)
+}
+
+// newCollector returns a Collector of the figures in names (all when nil) named prefix….
+func newCollector(prefix string, snapshot func() []Stats, names []string) *Collector {
 	labels := []string{"database", "user"}
 	d := func(name, help string, v func(*Stats) float64) statDesc {
-		return statDesc{prometheus.NewDesc("leafproxy_pool_"+name, help, labels, nil), v}
+		if names != nil && !slices.Contains(names, name) {
+			return statDesc{}
+		}
+		return statDesc{prometheus.NewDesc(prefix+name, help, labels, nil), v}
 	}
-	return &Collector{
+	c := &Collector{
 		snapshot: snapshot,
 		gauges: []statDesc{
 			d("clients_active", "Clients holding a server connection.", func(s *Stats) float64 { return float64(s.ClientsActive) }),
@@ -169,6 +184,11 @@ func NewCollector(snapshot func() []Stats) *Collector {
 			d("closes_total", "Server connections closed.", func(s *Stats) float64 { return float64(s.Closes) }),
 		},
 	}
+	named := func(ds []statDesc) []statDesc {
+		return slices.DeleteFunc(ds, func(d statDesc) bool { return d.desc == nil })
+	}
+	c.gauges, c.counters = named(c.gauges), named(c.counters)
+	return c
 }
 
 // Describe implements prometheus.Collector.

@@ -174,3 +174,28 @@ func TestCollectorExportsSnapshot(t *testing.T) {
 	}
 	a.Release(Clean)
 }
+
+// TestCollectorOfNamedFigures: NewCollectorOf exports only the figures named, under its
+// prefix.
+func TestCollectorOfNamedFigures(t *testing.T) {
+	snapshot := func() []Stats {
+		return []Stats{{Database: "app", User: "alice", ServersIdle: 3, WaitTimeouts: 2, Transactions: 9}}
+	}
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(NewCollectorOf("x_", snapshot, "servers_idle", "wait_timeouts_total")); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			got[mf.GetName()] = m.GetGauge().GetValue() + m.GetCounter().GetValue()
+		}
+	}
+	if len(got) != 2 || got["x_servers_idle"] != 3 || got["x_wait_timeouts_total"] != 2 {
+		t.Fatalf("gathered %v, want x_servers_idle 3 and x_wait_timeouts_total 2 only", got)
+	}
+}

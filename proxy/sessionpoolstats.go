@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/leafproxy/leafproxy/proxy/pool"
@@ -66,7 +65,7 @@ func (p *sessionPool) endAcquire(k pool.Key, w *sessionWait, err error) {
 }
 
 // stats returns the figures of every (database, user) the pool has seen, in the words
-// of pool.Stats, sorted by database then user; limits gives each its pool-size.
+// of pool.Stats, in no order; limits gives each its pool-size.
 func (p *sessionPool) stats(limits func(pool.Key) sessionLimits) []pool.Stats {
 	p.mu.Lock()
 	now := time.Now()
@@ -83,12 +82,6 @@ func (p *sessionPool) stats(limits func(pool.Key) sessionLimits) []pool.Stats {
 	for i := range out {
 		out[i].PoolSize = limits(pool.Key{Database: out[i].Database, User: out[i].User}).PoolSize
 	}
-	slices.SortFunc(out, func(a, b pool.Stats) int {
-		if c := strings.Compare(a.Database, b.Database); c != 0 {
-			return c
-		}
-		return strings.Compare(a.User, b.User)
-	})
 	return out
 }
 
@@ -116,6 +109,7 @@ func (p *sessionPool) keyStatsLocked(k pool.Key, f *sessionKeyFigures, now time.
 }
 
 // SessionPoolStats returns the figures of session mode's pools, one per (database, user)
-// whose sessions the proxy authenticated, in the words of PoolStats. Sessions in session
-// mode are not counted by transaction or query (Transactions and Queries stay 0).
+// whose sessions the proxy authenticated, in the words of PoolStats but in no order
+// (/pools sorts both modes' together). Sessions in session mode are not counted by
+// transaction or query (Transactions and Queries stay 0).
 func (s *Server) SessionPoolStats() []pool.Stats { return s.sessionPool.stats(s.sessionLimits) }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // exclusiveConnector is a memConnector whose connections notice being used by two
@@ -129,14 +130,7 @@ func TestCollectorExportsSnapshot(t *testing.T) {
 	a := mustAcquire(t, f.p, keyA)
 	mustAcquire(t, f.p, keyA).Release(Clean)
 	a.CountTransaction(2)
-	reg := prometheus.NewPedanticRegistry()
-	if err := reg.Register(NewCollector(f.p.Snapshot)); err != nil {
-		t.Fatal(err)
-	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
+	mfs := gather(t, NewCollector(f.p.Snapshot))
 	got := map[string]float64{}
 	for _, mf := range mfs {
 		for _, m := range mf.GetMetric() {
@@ -181,16 +175,8 @@ func TestCollectorOfNamedFigures(t *testing.T) {
 	snapshot := func() []Stats {
 		return []Stats{{Database: "app", User: "alice", ServersIdle: 3, WaitTimeouts: 2, Transactions: 9}}
 	}
-	reg := prometheus.NewPedanticRegistry()
-	if err := reg.Register(NewCollectorOf("x_", snapshot, "servers_idle", "wait_timeouts_total")); err != nil {
-		t.Fatal(err)
-	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
 	got := map[string]float64{}
-	for _, mf := range mfs {
+	for _, mf := range gather(t, NewCollectorOf("x_", snapshot, "servers_idle", "wait_timeouts_total")) {
 		for _, m := range mf.GetMetric() {
 			got[mf.GetName()] = m.GetGauge().GetValue() + m.GetCounter().GetValue()
 		}
@@ -198,4 +184,18 @@ func TestCollectorOfNamedFigures(t *testing.T) {
 	if len(got) != 2 || got["x_servers_idle"] != 3 || got["x_wait_timeouts_total"] != 2 {
 		t.Fatalf("gathered %v, want x_servers_idle 3 and x_wait_timeouts_total 2 only", got)
 	}
+}
+
+// gather registers c alone in a pedantic registry and gathers it.
+func gather(t *testing.T, c prometheus.Collector) []*dto.MetricFamily {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(c); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mfs
 }

@@ -60,8 +60,9 @@ type loopGroup struct {
 }
 
 // assign picks the loop for a new session among n: an idle running loop first, then a
-// free slot, where it starts one, then the loop with the fewest sessions.
-func (g *loopGroup) assign(n int) (*eventLoop, error) {
+// free slot, where it starts one, then the loop with the fewest sessions. A loop started
+// with plainSends sends each write at once, with no sendBatch.
+func (g *loopGroup) assign(n int, plainSends bool) (*eventLoop, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.loops == nil {
@@ -91,7 +92,7 @@ func (g *loopGroup) assign(n int) (*eventLoop, error) {
 	l := g.loops[best]
 	if l == nil {
 		var err error
-		if l, err = newEventLoop(g, best); err != nil {
+		if l, err = newEventLoop(g, best, plainSends); err != nil {
 			return nil, err
 		}
 		g.loops[best] = l
@@ -216,19 +217,26 @@ type eventLoop struct {
 	// plain is the last text of a Query or Parse that the prefilter cleared, for the
 	// loop's sessions (see passClientRun).
 	plain plainMemo
+	// batch holds the last writes of a turn, sent together when the turn ends; nil
+	// without io_uring, when each goes out at once.
+	batch *sendBatch
 }
 
-func newEventLoop(g *loopGroup, slot int) (*eventLoop, error) {
+func newEventLoop(g *loopGroup, slot int, plainSends bool) (*eventLoop, error) {
 	epfd, wakefd, err := epollWithWakeup(unix.EpollEvent{Events: unix.EPOLLIN, Fd: 0, Pad: int32(wakeToken)})
 	if err != nil {
 		return nil, err
 	}
-	return &eventLoop{
+	l := &eventLoop{
 		group: g, slot: slot, epfd: epfd, wakefd: wakefd,
 		ends:  make([]*loopEnd, 1),
 		timed: make(map[*loopSession]struct{}),
 		done:  make(chan struct{}),
-	}, nil
+	}
+	if !plainSends {
+		l.batch = newSendBatch()
+	}
+	return l, nil
 }
 
 // epollWithWakeup creates an epoll set watching a new eventfd, registered with ev, that
@@ -326,6 +334,9 @@ func (l *eventLoop) run() {
 	lastYield := time.Now()
 	events := make([]unix.EpollEvent, 128)
 	for turn := 1; !l.halt.Load(); turn++ {
+		if l.batch.due() {
+			l.batch.send()
+		}
 		timeout := -1
 		switch {
 		case len(l.again) > 0:
@@ -486,6 +497,7 @@ func (l *eventLoop) destroy() {
 	l.posted = nil
 	unix.Close(l.epfd)
 	unix.Close(l.wakefd)
+	l.batch.close()
 	close(l.done)
 }
 
@@ -553,6 +565,7 @@ func (l *eventLoop) unwatch(end *loopEnd) {
 
 // remove takes a socket out of the loop for good; it does not close it.
 func (l *eventLoop) remove(end *loopEnd) {
+	end.sink.sendDeferred() // what the batch holds for it goes first
 	l.unwatch(end)
 	if end.slot > 0 && l.ends[end.slot] == end {
 		l.ends[end.slot] = nil

@@ -2,6 +2,8 @@
 
 package proxy
 
+import "errors"
+
 // Event loops need epoll; elsewhere every session has a goroutine pair.
 
 type loopGroup struct{}
@@ -10,6 +12,10 @@ type loopGroup struct{}
 type loopSession struct{}
 
 func (s *Server) adopt(*conn) bool { return false }
+
+// SendBatchSupport reports why the event loops cannot send their writes in batches over
+// io_uring here: there are no event loops.
+func SendBatchSupport() error { return errors.New("event loops need Linux") }
 
 func (*loopGroup) running() int { return 0 }
 func (*loopGroup) close()       {}

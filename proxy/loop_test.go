@@ -659,7 +659,7 @@ func TestLoopPanicCostsOneSession(t *testing.T) {
 // with nothing to watch, must wake up and stop.
 func TestLoopStopsWhenReleasedElsewhere(t *testing.T) {
 	var g loopGroup
-	l, err := g.assign(1)
+	l, err := g.assign(1, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -686,11 +686,11 @@ func TestLoopStopsWhenReleasedElsewhere(t *testing.T) {
 // itself after loopLinger, and that close stops an idle loop at once.
 func TestLoopLingersForTheNextSession(t *testing.T) {
 	var g loopGroup
-	a, err := g.assign(2)
+	a, err := g.assign(2, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := g.assign(2)
+	b, err := g.assign(2, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -707,7 +707,7 @@ func TestLoopLingersForTheNextSession(t *testing.T) {
 	if n := g.running(); n != 1 {
 		t.Fatalf("%d loops running after both sessions ended, want 1", n)
 	}
-	again, err := g.assign(2)
+	again, err := g.assign(2, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -735,7 +735,7 @@ func TestLoopLingersForTheNextSession(t *testing.T) {
 		t.Fatalf("%d loops running", n)
 	}
 
-	c, err := g.assign(2)
+	c, err := g.assign(2, false)
 	if err != nil {
 		t.Fatal(err)
 	}

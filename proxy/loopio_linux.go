@@ -127,14 +127,18 @@ func socketIO(trap uintptr, fd int, p []byte, flags uintptr) (int, error) {
 // writable, and an error is kept in err for the loop to act on. A bufio.Writer stops for
 // good at its writer's first error or short write, so neither may reach it.
 type fdSink struct {
-	fd      int
-	pending []byte
-	err     error
+	fd       int
+	pending  []byte
+	err      error
+	deferred deferredSend // bytes the loop sends at the end of its turn, before anything else
 }
 
 func (s *fdSink) Write(p []byte) (int, error) {
 	if s.err != nil {
 		return len(p), nil
+	}
+	if s.deferred.n > 0 {
+		s.sendDeferred()
 	}
 	if len(s.pending) > 0 {
 		s.pending = append(s.pending, p...)
@@ -168,6 +172,7 @@ func (s *fdSink) write(p []byte) int {
 
 // flush writes what is pending, as far as the socket takes it.
 func (s *fdSink) flush() {
+	s.sendDeferred()
 	if len(s.pending) == 0 || s.err != nil {
 		return
 	}

@@ -186,7 +186,7 @@ func (s *Server) loopsServe() bool {
 // clientSock, the client's socket, for the loop; nil when none can start or the socket
 // cannot be duplicated (the loop's place is then given back).
 func (s *Server) assignLoop(c *conn, clientSock net.Conn) (*eventLoop, int) {
-	l, err := s.loops.assign(s.eventLoops())
+	l, err := s.loops.assign(s.eventLoops(), s.PlainSends)
 	if err != nil {
 		c.log.WithError(err).Warn("cannot start an event loop; using goroutines")
 		return nil, -1
@@ -488,6 +488,11 @@ func (ls *loopSession) process() {
 	}
 	// The run relayed last goes out now that the rest is done; should the socket not
 	// take it all, or fail, the session settles again around what is left.
+	if ls.loop.batch != nil {
+		ls.loop.batch.deferSend(ls.outTo, ls.out)
+		ls.out, ls.outTo = nil, nil
+		return
+	}
 	to := ls.outTo
 	ls.writeOut()
 	if len(to.sink.pending) > 0 || to.sink.err != nil {
@@ -860,6 +865,9 @@ func (ls *loopSession) detach() {
 	}
 	ls.detached = true
 	l := ls.loop
+	// Its bytes in the loop's batch go now: the goroutine may write to its sockets.
+	ls.client.sink.sendDeferred()
+	ls.upstream.sink.sendDeferred()
 	l.unwatch(&ls.client)
 	l.unwatch(&ls.upstream)
 	l.gen.Add(1)

@@ -286,7 +286,7 @@ func onlyPool(t *testing.T, s *Server) pool.Stats {
 // that takes turns with the one of the batch the runner ran last, so that posting
 // allocates nothing once both are large enough.
 func TestPostedWorkAllocatesNothing(t *testing.T) {
-	l, err := newEventLoop(nil, 0)
+	l, err := newEventLoop(nil, 0, false)
 	if err != nil {
 		t.Fatal(err)
 	}

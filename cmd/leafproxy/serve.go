@@ -388,6 +388,11 @@ func (a *app) serve(ctx context.Context, ln net.Listener) error {
 	go func() { serveErr <- a.proxy.Serve(ln) }()
 	a.serving.Store(true)
 	a.log.WithField("listen", ln.Addr().String()).Info("proxy accepting connections")
+	if a.cfg.IOUring && a.cfg.EventLoops >= 0 {
+		if err := proxy.SendBatchSupport(); err != nil {
+			a.log.WithError(err).Info("event loops send each write with a system call of its own (io-uring)")
+		}
+	}
 
 	select {
 	case err := <-serveErr:
@@ -458,6 +463,7 @@ func (a *app) newProxy() (*proxy.Server, error) {
 		MaxBatch:        cfg.MaxBatch,
 		EventLoops:      max(cfg.EventLoops, 0),
 		GoroutineRelay:  cfg.EventLoops < 0,
+		PlainSends:      !cfg.IOUring,
 		Logger:          a.log,
 		OnConnOpen:      a.metrics.ConnOpened,
 		OnConnClose:     a.metrics.ConnClosed,

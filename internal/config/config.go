@@ -53,6 +53,7 @@ type Config struct {
 	MaxClientConns  int    `yaml:"max-client-conns"`
 	MaxMessageSize  int    `yaml:"max-message-size"`
 	EventLoops      int    `yaml:"event-loops"`
+	IOUring         bool   `yaml:"io-uring"`
 	// UpstreamSSL is UpstreamSSLMode parsed; Validate sets it.
 	UpstreamSSL proxy.SSLMode `yaml:"-"`
 	Pooling     `yaml:",inline"`
@@ -120,6 +121,7 @@ func Defaults() Config {
 		UpstreamSSLMode: string(proxy.SSLPrefer),
 		Pooling:         Pooling{PoolMode: PoolModeSession, MaxPreparedStatements: DefaultMaxPreparedStatements, SessionReuse: true},
 		MaxClientConns:  1000,
+		IOUring:         true,
 		MaxMessageSize:  proxy.DefaultMaxMessageSize,
 		HTTP:            DefaultHTTP,
 		AuthType:        AuthPassthrough,
@@ -233,6 +235,8 @@ var settings = []setting{
 	{name: "event-loops", arg: "N", usage: "event loops serving the sessions; 0: one per four processors; -1: a goroutine pair per session instead",
 		field: func(c *Config) any { return &c.EventLoops },
 		check: checkEventLoops},
+	{name: "io-uring", usage: "event loops send the last writes of each turn together, in one system call over io_uring, where the kernel allows it; false: a sendto per write",
+		field: func(c *Config) any { return &c.IOUring }},
 	{name: "store", arg: "URL", usage: "PostgreSQL URL of the database holding leaf_alloc and leaf_worker_lease (required), e.g. postgres://leaf@127.0.0.1:5432/app",
 		field: func(c *Config) any { return &c.Store },
 		check: checkStore},

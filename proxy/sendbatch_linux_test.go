@@ -199,3 +199,27 @@ func TestSendBatchAbsentWritesAtOnce(t *testing.T) {
 		t.Fatalf("peer got %q", got)
 	}
 }
+
+// A loop started with plainSends (Server.PlainSends, io-uring: false) has no batch; one
+// started without has, where io_uring is at hand.
+func TestLoopGroupPlainSends(t *testing.T) {
+	for _, plain := range []bool{true, false} {
+		var g loopGroup
+		l, err := g.assign(1, plain)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hasBatch := make(chan bool)
+		l.post(func() { hasBatch <- l.batch != nil })
+		got := <-hasBatch
+		g.release(l)
+		g.close()
+		<-l.done
+		if plain && got {
+			t.Error("a loop with plain sends has a send batch")
+		}
+		if !plain && !got && (os.Getenv("CI") != "" || SendBatchSupport() == nil) {
+			t.Errorf("a loop without plain sends has no send batch (io_uring: %v)", SendBatchSupport())
+		}
+	}
+}

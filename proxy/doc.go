@@ -122,6 +122,8 @@
 //     adopt, reading whole messages, the run that goes out last in a turn (writeOut),
 //     streaming large rows, finish, detach and reattach.
 //   - loopio_linux.go: non-blocking socket I/O for loops, and the hand-off to goroutines.
+//   - sendbatch_linux.go: the last writes of a loop's turn, sent together over io_uring
+//     (sendbatch_other.go: elsewhere, each goes at once).
 //   - loop_other.go: no event loops where epoll is missing.
 //   - wire.go: reading and writing protocol messages; buffer sizes and limits.
 //   - msgtypes.go: the named message types (clientQuery, serverReadyForQuery, …) and

@@ -488,8 +488,7 @@ func (ls *loopSession) process() {
 	}
 	// The run relayed last goes out now that the rest is done; should the socket not
 	// take it all, or fail, the session settles again around what is left.
-	if ls.loop.batch != nil {
-		ls.loop.batch.deferSend(ls.outTo, ls.out)
+	if ls.loop.batch.deferSend(ls.outTo, ls.out) {
 		ls.out, ls.outTo = nil, nil
 		return
 	}

@@ -72,20 +72,19 @@ func (b *sendBatch) close() {
 }
 
 // deferSend queues p, the last output of a turn for end's plain socket, for the end of
-// the turn; with no batch, or output already pending there, it is written at once.
-func (b *sendBatch) deferSend(end *loopEnd, p []byte) {
+// the turn. It reports false, queuing nothing, with no batch or when the socket has
+// output pending or an error: p is then for the caller to write.
+func (b *sendBatch) deferSend(end *loopEnd, p []byte) bool {
 	s := &end.sink
 	if b == nil || b.failed || len(s.pending) > 0 || s.err != nil {
-		_, _ = s.Write(p)
-		return
+		return false
 	}
 	d := &s.deferred
 	if d.n > 0 && int(d.off+d.n) != len(b.bytes) {
 		s.sendDeferred() // not at the batch's end: the two could not go out in one piece
 	}
 	if len(b.bytes)+len(p) > math.MaxInt32 {
-		_, _ = s.Write(p)
-		return
+		return false
 	}
 	if d.n == 0 {
 		d.off = int32(len(b.bytes))
@@ -96,6 +95,7 @@ func (b *sendBatch) deferSend(end *loopEnd, p []byte) {
 		d.batch = b
 		b.ends = append(b.ends, end)
 	}
+	return true
 }
 
 // send sends what the batch holds. A session a send left with output pending or an error

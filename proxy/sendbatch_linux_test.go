@@ -190,13 +190,23 @@ func TestSendBatchFailedSendKeepsError(t *testing.T) {
 	}
 }
 
-// Without a batch the bytes go at once.
-func TestSendBatchAbsentWritesAtOnce(t *testing.T) {
+// Without a batch, or with output pending for the socket, nothing is deferred: the
+// caller writes.
+func TestSendBatchDeclines(t *testing.T) {
 	l := &eventLoop{}
-	end, peer := batchEnd(t, l)
-	l.batch.deferSend(end, []byte("now"))
-	if got := readAll(t, peer); string(got) != "now" {
-		t.Fatalf("peer got %q", got)
+	end, _ := batchEnd(t, l)
+	if l.batch.deferSend(end, []byte("now")) {
+		t.Fatal("deferred without a batch")
+	}
+	l = batchLoop(t)
+	end, _ = batchEnd(t, l)
+	end.sink.pending = []byte("earlier")
+	if l.batch.deferSend(end, []byte("later")) {
+		t.Fatal("deferred behind pending output")
+	}
+	end.sink.pending, end.sink.err = nil, unix.EPIPE
+	if l.batch.deferSend(end, []byte("later")) {
+		t.Fatal("deferred to a failed socket")
 	}
 }
 

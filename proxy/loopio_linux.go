@@ -144,11 +144,17 @@ func (s *fdSink) Write(p []byte) (int, error) {
 		s.pending = append(s.pending, p...)
 		return len(p), nil
 	}
+	s.writeOrKeep(p)
+	return len(p), nil
+}
+
+// writeOrKeep writes p as far as the socket takes it and keeps the rest pending, unless
+// the write failed.
+func (s *fdSink) writeOrKeep(p []byte) {
 	written := s.write(p)
 	if written < len(p) && s.err == nil {
 		s.pending = append(s.pending, p[written:]...)
 	}
-	return len(p), nil
 }
 
 // write writes p until the socket takes no more, returning how much it took.

@@ -499,6 +499,15 @@ func (ls *loopSession) process() {
 	}
 }
 
+// queueAgain gives the session another turn of its loop, after every other ready
+// session has had one (see eventLoop.runAgain).
+func (ls *loopSession) queueAgain() {
+	if !ls.queued {
+		ls.queued = true
+		ls.loop.again = append(ls.loop.again, ls)
+	}
+}
+
 // settle acts on the session's output after process has handled its input: it ends
 // the session whose client is gone or whose server connection failed (reporting false),
 // gives back the memory of large messages, queues the session for another turn when it
@@ -518,9 +527,8 @@ func (ls *loopSession) settle(budget int) bool {
 		return false
 	}
 	ls.shrink()
-	if budget <= 0 && !ls.queued {
-		ls.queued = true
-		ls.loop.again = append(ls.loop.again, ls)
+	if budget <= 0 {
+		ls.queueAgain()
 	}
 	ls.rewatch()
 	if ls.tx != nil && !ls.inQuiet && !ls.dead && ls.txQuiet() {

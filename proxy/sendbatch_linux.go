@@ -99,7 +99,7 @@ func (b *sendBatch) deferSend(end *loopEnd, p []byte) bool {
 }
 
 // send sends what the batch holds. A session a send left with output pending or an error
-// gets another turn (eventLoop.again), in which it settles around it.
+// gets another turn (loopSession.queueAgain), in which it settles around it.
 func (b *sendBatch) send() {
 	for start := 0; start < len(b.ends); start += sendBatchEntries {
 		chunk := b.ends[start:min(start+sendBatchEntries, len(b.ends))]
@@ -148,19 +148,11 @@ func (b *sendBatch) submit(chunk []*loopEnd, prepared int) {
 				if b.inflight[i].n > 0 {
 					b.inflight[i].n = 0
 					end.sink.err = err
-					resettle(end.ls)
+					end.ls.queueAgain()
 				}
 			}
 			return
 		}
-	}
-}
-
-// resettle gives ls another turn of its loop.
-func resettle(ls *loopSession) {
-	if !ls.queued {
-		ls.queued = true
-		ls.loop.again = append(ls.loop.again, ls)
 	}
 }
 
@@ -184,7 +176,7 @@ func (b *sendBatch) reap(chunk []*loopEnd) int {
 				s.err = syscall.Errno(-res)
 			}
 			d.n = 0
-			resettle(end.ls)
+			end.ls.queueAgain()
 		}
 	}
 	n := len(first) + len(second)
@@ -201,11 +193,10 @@ func (b *sendBatch) sendEach(chunk []*loopEnd) {
 			continue
 		}
 		s := &end.sink
-		s.deferred = *d // back where sendDeferred finds them
+		s.writeOrKeep(b.bytes[d.off : d.off+d.n])
 		d.n = 0
-		s.sendDeferred()
 		if len(s.pending) > 0 || s.err != nil {
-			resettle(end.ls)
+			end.ls.queueAgain()
 		}
 	}
 }
@@ -225,8 +216,5 @@ func (s *fdSink) sendDeferred() {
 	d := &s.deferred
 	p := d.batch.bytes[d.off : d.off+d.n]
 	d.n = 0
-	written := s.write(p)
-	if written < len(p) && s.err == nil {
-		s.pending = append(s.pending, p[written:]...)
-	}
+	s.writeOrKeep(p)
 }

@@ -13,6 +13,8 @@
 //   - a send made with MSG_DONTWAIT completes during the call that submits it (all of it,
 //     part of it, or -EAGAIN); it never goes on in the background, so its buffer is free
 //     once Enter returns and its completion is already in the ring;
+//   - so does a receive into a buffer of the caller's made with MSG_DONTWAIT (the bytes
+//     at hand, 0 at the peer's close, or -EAGAIN on an empty socket);
 //   - a receive on a socket with no data waits in the kernel, even on a non-blocking
 //     socket, and completes with a buffer from the provided-buffer ring when data comes;
 //   - a ring set up with SINGLE_ISSUER and DEFER_TASKRUN runs its completion work only

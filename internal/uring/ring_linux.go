@@ -281,6 +281,24 @@ func (r *Ring) PrepSend(fd int, p []byte, flags uint32, userData uint64) error {
 	return nil
 }
 
+// PrepRecvNow prepares a receive on fd into p that completes while it is submitted:
+// MSG_DONTWAIT is added to flags, so a socket with no data completes it with -EAGAIN
+// instead of leaving it to wait (see the package comment). p is written by the time
+// Enter returns, and must stay alive and untouched until then.
+func (r *Ring) PrepRecvNow(fd int, p []byte, flags uint32, userData uint64) error {
+	e := r.next()
+	if e == nil {
+		return errFull
+	}
+	e.Opcode, e.Fd, e.UserData = opRecv, int32(fd), userData
+	if len(p) > 0 {
+		e.Addr = uint64(uintptr(unsafe.Pointer(&p[0])))
+		e.Len = uint32(len(p))
+	}
+	e.OpFlags = flags | unix.MSG_DONTWAIT
+	return nil
+}
+
 // PrepPoll prepares a poll of fd for events (POLLIN, POLLOUT…); multishot keeps it
 // armed after each completion (FlagMore says it still is).
 func (r *Ring) PrepPoll(fd int, events uint32, multishot bool, userData uint64) error {

@@ -124,6 +124,8 @@
 //   - loopio_linux.go: non-blocking socket I/O for loops, and the hand-off to goroutines.
 //   - sendbatch_linux.go: the last writes of a loop's turn, sent together over io_uring
 //     (sendbatch_other.go: elsewhere, each goes at once).
+//   - recvbatch_linux.go: the sockets a loop's wait reported readable, received together
+//     over the same ring, their bytes held for their sessions' readers.
 //   - loop_other.go: no event loops where epoll is missing.
 //   - wire.go: reading and writing protocol messages; buffer sizes and limits.
 //   - msgtypes.go: the named message types (clientQuery, serverReadyForQuery, …) and

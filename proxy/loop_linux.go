@@ -220,6 +220,9 @@ type eventLoop struct {
 	// batch holds the last writes of a turn, sent together when the turn ends; nil
 	// without io_uring, when each goes out at once.
 	batch *sendBatch
+	// recv reads the sockets a wait reported readable together, over batch's ring; nil
+	// with batch.
+	recv *recvBatch
 }
 
 func newEventLoop(g *loopGroup, slot int, plainSends bool) (*eventLoop, error) {
@@ -235,6 +238,7 @@ func newEventLoop(g *loopGroup, slot int, plainSends bool) (*eventLoop, error) {
 	}
 	if !plainSends {
 		l.batch = newSendBatch()
+		l.recv = newRecvBatch(l.batch)
 	}
 	return l, nil
 }
@@ -376,6 +380,9 @@ func (l *eventLoop) run() {
 			l.failAll()
 			continue
 		}
+		if n > 1 {
+			l.recv.receive(l, events[:n])
+		}
 		for _, ev := range events[:max(n, 0)] {
 			if loopToken(ev.Pad) == wakeToken {
 				if !l.runPosted(l.takePosted(), gen) {
@@ -407,6 +414,7 @@ func (l *eventLoop) run() {
 		if len(l.timed) > 0 {
 			l.checkDeadlines()
 		}
+		l.recv.release()
 	}
 	l.destroy()
 }

@@ -875,6 +875,9 @@ func (ls *loopSession) detach() {
 	// Its bytes in the loop's batch go now: the goroutine may write to its sockets.
 	ls.client.sink.sendDeferred()
 	ls.upstream.sink.sendDeferred()
+	// What the turn's receive batch holds goes to memory of its own, for the goroutine
+	// and for the sessions whose events the next runner does not see again.
+	l.recv.release()
 	l.unwatch(&ls.client)
 	l.unwatch(&ls.upstream)
 	l.gen.Add(1)

@@ -2,7 +2,11 @@
 
 package proxy
 
-import "errors"
+import (
+	"errors"
+
+	"golang.org/x/sys/unix"
+)
 
 // SendBatchSupport reports why the event loops cannot send their writes in batches over
 // io_uring here: package uring's layouts are those of amd64 and arm64.
@@ -26,3 +30,10 @@ func (*sendBatch) close()    {}
 func (*sendBatch) deferSend(*loopEnd, []byte) bool { return false }
 
 func (*fdSink) sendDeferred() {}
+
+type recvBatch struct{}
+
+func newRecvBatch(*sendBatch) *recvBatch { return nil }
+
+func (*recvBatch) receive(*eventLoop, []unix.EpollEvent) {}
+func (*recvBatch) release()                              {}

@@ -94,10 +94,12 @@ type Server struct {
 	// it serves, which is where it saves CPU; one loop relays tens of thousands of
 	// transactions a second.
 	EventLoops int
-	// PlainSends makes the event loops send each write with a system call of its own. By
-	// default a loop sends the last writes of the sessions it served in one turn together,
-	// in one call over an io_uring, where the kernel has one (Linux 5.6 or later, not
-	// turned off by kernel.io_uring_disabled or a seccomp profile); see sendBatch.
+	// PlainSends makes the event loops send each write, and make each receive, with a
+	// system call of its own. By default a loop sends the last writes of the sessions it
+	// served in one turn together, in one call over an io_uring, and receives from the
+	// sockets a wait reported readable together, in another, where the kernel has one
+	// (Linux 5.6 or later, not turned off by kernel.io_uring_disabled or a seccomp
+	// profile); see sendBatch and recvBatch.
 	PlainSends bool
 
 	// PoolMode is PoolSession (the default: a server connection per session) or

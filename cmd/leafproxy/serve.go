@@ -390,7 +390,7 @@ func (a *app) serve(ctx context.Context, ln net.Listener) error {
 	a.log.WithField("listen", ln.Addr().String()).Info("proxy accepting connections")
 	if a.cfg.IOUring && a.cfg.EventLoops >= 0 {
 		if err := proxy.SendBatchSupport(); err != nil {
-			a.log.WithError(err).Info("event loops send each write with a system call of its own (io-uring)")
+			a.log.WithError(err).Info("event loops send each write and make each receive with a system call of its own (io-uring)")
 		}
 	}
 

@@ -235,7 +235,7 @@ var settings = []setting{
 	{name: "event-loops", arg: "N", usage: "event loops serving the sessions; 0: one per four processors; -1: a goroutine pair per session instead",
 		field: func(c *Config) any { return &c.EventLoops },
 		check: checkEventLoops},
-	{name: "io-uring", usage: "event loops send the last writes of each turn together, in one system call over io_uring, where the kernel allows it; false: a sendto per write",
+	{name: "io-uring", usage: "event loops send the last writes of each turn together, and receive from the sockets a wait reported readable together, each in one system call over io_uring, where the kernel allows it; false: a sendto per write, a recvfrom per read",
 		field: func(c *Config) any { return &c.IOUring }},
 	{name: "store", arg: "URL", usage: "PostgreSQL URL of the database holding leaf_alloc and leaf_worker_lease (required), e.g. postgres://leaf@127.0.0.1:5432/app",
 		field: func(c *Config) any { return &c.Store },

@@ -1,0 +1,332 @@
+//go:build linux && (amd64 || arm64)
+
+package proxy
+
+import (
+	"bytes"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"golang.org/x/sys/unix"
+
+	"github.com/leafproxy/leafproxy/internal/testenv"
+	"github.com/leafproxy/leafproxy/rewrite"
+)
+
+// recvLoop returns a loop with a send batch and the receive batch over its ring.
+func recvLoop(t *testing.T) *eventLoop {
+	t.Helper()
+	l := batchLoop(t)
+	l.recv = newRecvBatch(l.batch)
+	l.ends = make([]*loopEnd, 1)
+	return l
+}
+
+// recvEnd adds a loop session's client side to l, over a socket pair, as the loop's
+// table holds it; it returns the side, the event a wait reports when it is readable,
+// and the other end of the pair.
+func recvEnd(t *testing.T, l *eventLoop) (end *loopEnd, ev unix.EpollEvent, peer int) {
+	t.Helper()
+	end, peer = batchEnd(t, l)
+	l.lastToken++
+	end.token, end.slot = l.lastToken, int32(len(l.ends))
+	end.src = fdSource{fd: end.fd}
+	end.in = endReader{stream: &end.src}
+	l.ends = append(l.ends, end)
+	return end, end.epollEvent(unix.EPOLLIN), peer
+}
+
+// send writes p to fd, all of it.
+func send(t *testing.T, fd int, p []byte) {
+	t.Helper()
+	for len(p) > 0 {
+		n, err := unix.Write(fd, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p = p[n:]
+	}
+}
+
+// readEnd reads what end's session reads this turn, until its reader would block or ends.
+func readEnd(t *testing.T, end *loopEnd) (got []byte, eof bool) {
+	t.Helper()
+	buf := make([]byte, 1000) // smaller than a slot: the held bytes take several reads
+	for {
+		n, err := end.in.Read(buf)
+		got = append(got, buf[:n]...)
+		switch {
+		case errors.Is(err, errWouldBlock):
+			return got, false
+		case err == io.EOF:
+			return got, true
+		case err != nil:
+			t.Fatal(err)
+		}
+	}
+}
+
+// The sockets of a turn are read in one go: each side's bytes wait, held, for its
+// session, which reads them, and its socket only when the receive may have left more
+// there (a full slot) or met its end; the event no longer reports the socket readable.
+func TestRecvBatchReadsTheTurnsSockets(t *testing.T) {
+	l := recvLoop(t)
+	short, evShort, peerShort := recvEnd(t, l)
+	long, evLong, peerLong := recvEnd(t, l)
+	empty, evEmpty, _ := recvEnd(t, l)
+	closed, evClosed, peerClosed := recvEnd(t, l)
+
+	send(t, peerShort, []byte("Q\x00\x00\x00\x0dSELECT 1\x00"))
+	big := bytes.Repeat([]byte("0123456789abcdef"), recvSlot/16+100) // more than a slot
+	send(t, peerLong, big)
+	unix.Close(peerClosed)
+	events := []unix.EpollEvent{evShort, evLong, evEmpty, evClosed}
+	l.recv.receive(l, events)
+
+	for i, ev := range events {
+		if ev.Events&unix.EPOLLIN != 0 {
+			t.Errorf("event %d still reports its socket readable", i)
+		}
+	}
+	if string(short.in.held) != "Q\x00\x00\x00\x0dSELECT 1\x00" || short.src.readable {
+		t.Errorf("short: held %q, readable %v; want the message, not readable", short.in.held, short.src.readable)
+	}
+	if len(long.in.held) != recvSlot || !long.src.readable {
+		t.Errorf("long: %d bytes held, readable %v; want a full slot, readable", len(long.in.held), long.src.readable)
+	}
+	if len(empty.in.held) != 0 || empty.src.readable {
+		t.Errorf("empty: %d bytes held, readable %v; want none, not readable", len(empty.in.held), empty.src.readable)
+	}
+	if len(closed.in.held) != 0 || !closed.src.readable {
+		t.Errorf("closed: %d bytes held, readable %v; want none, readable (for the end)", len(closed.in.held), closed.src.readable)
+	}
+	if got, _ := readEnd(t, long); !bytes.Equal(got, big) {
+		t.Errorf("long side read %d bytes, not what was sent (%d bytes) in order", len(got), len(big))
+	}
+	if got, eof := readEnd(t, closed); len(got) != 0 || !eof {
+		t.Errorf("closed side read %q, end %v; want the end", got, eof)
+	}
+	if got, eof := readEnd(t, empty); len(got) != 0 || eof {
+		t.Errorf("empty side read %q, end %v; want nothing, no end", got, eof)
+	}
+	l.recv.release()
+}
+
+// Bytes a session left unread at the end of the turn get memory of their own (the next
+// batch reuses its memory), and the session another turn to read them, as its socket,
+// already read, may not be reported again; a session that ended or left the loop is not
+// queued.
+func TestRecvBatchReleaseKeepsUnreadBytes(t *testing.T) {
+	l := recvLoop(t)
+	unread, ev1, peer1 := recvEnd(t, l)
+	gone, ev2, peer2 := recvEnd(t, l)
+	readUp, ev3, peer3 := recvEnd(t, l)
+	send(t, peer1, []byte("first message"))
+	send(t, peer2, []byte("for no one"))
+	send(t, peer3, []byte("read this turn"))
+	l.recv.receive(l, []unix.EpollEvent{ev1, ev2, ev3})
+	if _, err := unread.in.Read(make([]byte, 6)); err != nil { // "first "
+		t.Fatal(err)
+	}
+	gone.ls.dead = true
+	readEnd(t, readUp)
+
+	l.recv.release()
+	clear(l.recv.arena) // what the next batch would do to the memory
+	if string(unread.in.held) != "message" {
+		t.Errorf("unread bytes after the turn: %q, want %q", unread.in.held, "message")
+	}
+	if len(l.again) != 1 || l.again[0] != unread.ls || !unread.ls.queued {
+		t.Errorf("queued for another turn: %d sessions; want the one with bytes unread", len(l.again))
+	}
+	if len(l.recv.ends) != 0 {
+		t.Errorf("%d sockets still in the batch after its release", len(l.recv.ends))
+	}
+}
+
+// The batch reads only what its session is about to read, and only when it saves a call:
+// everything else is left to the session's own read, its event untouched.
+func TestRecvBatchDeclines(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		shake func(end *loopEnd, ev *unix.EpollEvent)
+	}{
+		{"more than input reported", func(_ *loopEnd, ev *unix.EpollEvent) { ev.Events |= unix.EPOLLHUP }},
+		{"an old token", func(_ *loopEnd, ev *unix.EpollEvent) { ev.Pad++ }},
+		{"TLS", func(end *loopEnd, _ *unix.EpollEvent) { end.tls = &tls.Conn{} }},
+		{"a pooled connection", func(end *loopEnd, _ *unix.EpollEvent) { end.pio = &physIO{} }},
+		{"bytes held already", func(end *loopEnd, _ *unix.EpollEvent) { end.in.held = []byte("x") }},
+		{"session ended", func(end *loopEnd, _ *unix.EpollEvent) { end.ls.dead = true }},
+		{"session detached", func(end *loopEnd, _ *unix.EpollEvent) { end.ls.detached = true }},
+		{"session finishing", func(end *loopEnd, _ *unix.EpollEvent) { end.ls.finishing = true }},
+		{"output backed up", func(end *loopEnd, _ *unix.EpollEvent) { end.ls.upstream.sink.pending = []byte("x") }},
+		{"streaming to the client", func(end *loopEnd, _ *unix.EpollEvent) { end.ls.streaming = 1 }},
+		{"waiting for a server connection", func(end *loopEnd, _ *unix.EpollEvent) { end.ls.tx = &pooledConn{awaiting: true} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := recvLoop(t)
+			other, evOther, peerOther := recvEnd(t, l)
+			end, ev, peer := recvEnd(t, l)
+			send(t, peerOther, []byte("other"))
+			send(t, peer, []byte("mine"))
+			tc.shake(end, &ev)
+			held, want := end.in.held, ev.Events
+			events := []unix.EpollEvent{evOther, ev}
+			l.recv.receive(l, events)
+			if events[1].Events != want || !bytes.Equal(end.in.held, held) {
+				t.Errorf("socket read by the batch: event %#x (was %#x), held %q", events[1].Events, want, end.in.held)
+			}
+			if len(other.in.held) != 0 {
+				t.Errorf("a lone socket read by the batch: held %q", other.in.held)
+			}
+			l.recv.release()
+		})
+	}
+	t.Run("one socket", func(t *testing.T) {
+		l := recvLoop(t)
+		end, ev, peer := recvEnd(t, l)
+		send(t, peer, []byte("mine"))
+		events := []unix.EpollEvent{ev}
+		l.recv.receive(l, events)
+		if events[0].Events != unix.EPOLLIN || len(end.in.held) != 0 {
+			t.Errorf("a lone socket read by the batch: event %#x, held %q", events[0].Events, end.in.held)
+		}
+	})
+}
+
+// detachingIDs never has an ID at hand, so every leaf_next detaches its session from the
+// loop, but it gives one at once when asked to wait.
+type detachingIDs struct{ stubIDs }
+
+func (*detachingIDs) TryNext(string) (int64, bool)    { return 0, false }
+func (*detachingIDs) TryNextSnowflake() (int64, bool) { return 0, false }
+
+// A handler that detaches hands the loop to a new runner in the middle of a turn: the
+// sockets of the sessions after it, already read by the turn's receive batch, are not
+// reported again, and the next batch reuses the memory their bytes are in. Sessions that
+// query all the time on one loop beside sessions that detach on every query must each
+// get every answer, and the right one.
+func TestRecvBatchDetachMidTurn(t *testing.T) {
+	if SendBatchSupport() != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal(SendBatchSupport())
+		}
+		t.Skip(SendBatchSupport())
+	}
+	db := testenv.NewDatabase(t)
+	rw, err := rewrite.New(rewrite.Settings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, db, func(s *Server) { s.Rewriter, s.IDs, s.EventLoops = rw, &detachingIDs{}, 1 })
+	ctx := testContext(t)
+	const clients, queries = 4, 150
+	errs := make(chan error, 2*clients)
+	for i := range 2 * clients {
+		conn := connect(t, p.url(db))
+		detaching := i%2 == 0
+		go func() {
+			errs <- func() error {
+				last := int64(0)
+				for q := range queries {
+					if detaching {
+						var id int64
+						if err := conn.QueryRow(ctx, "SELECT leaf_next('order')").Scan(&id); err != nil {
+							return fmt.Errorf("leaf_next %d: %w", q, err)
+						}
+						if id <= last {
+							return fmt.Errorf("leaf_next %d gave %d after %d", q, id, last)
+						}
+						last = id
+						continue
+					}
+					want := strings.Repeat("x", q%64) + itoa(q)
+					var got string
+					if err := conn.QueryRow(ctx, "SELECT $1::text", want).Scan(&got); err != nil || got != want {
+						return fmt.Errorf("query %d: %q, %v; want %q", q, got, err, want)
+					}
+				}
+				return nil
+			}()
+		}()
+	}
+	for range 2 * clients {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	if n := loopRunners(t, p.srv); n < queries {
+		t.Errorf("the loop changed runners %d times, want one for each leaf_next at least", n)
+	}
+}
+
+// The deterministic case of the above: the loop's turn reports a session that detaches
+// (its leaf_next waits until the test lets it) and, after it, another whose query the
+// turn's batch has read already. The second session must be answered while the first
+// one still waits: the new runner sees no event for its socket, whose bytes the batch
+// took, so the session must be handed to it as work to do.
+func TestRecvBatchDetachHandsOnReadSessions(t *testing.T) {
+	if SendBatchSupport() != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal(SendBatchSupport())
+		}
+		t.Skip(SendBatchSupport())
+	}
+	db := testenv.NewDatabase(t)
+	rw, err := rewrite.New(rewrite.Settings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := newBlockingIDs()
+	p := startProxy(t, db, func(s *Server) { s.Rewriter, s.IDs, s.EventLoops = rw, ids, 1 })
+	ctx := testContext(t)
+	waiter, other := connect(t, p.url(db)), connect(t, p.url(db))
+	defer close(ids.release)
+
+	// Hold the loop in a posted function while both queries arrive, so that one wait
+	// reports both sockets, the waiter's first.
+	p.srv.loops.mu.Lock()
+	l := p.srv.loops.loops[0]
+	p.srv.loops.mu.Unlock()
+	held, gate := make(chan struct{}), make(chan struct{})
+	l.post(func() { close(held); <-gate })
+	awaitSignal(ctx, t, held, "the loop to run the posted function")
+	query := func(conn *pgx.Conn, sql string) {
+		t.Helper()
+		msg, err := (&pgproto3.Query{String: sql}).Encode(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.PgConn().Conn().Write(msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	query(waiter, "SELECT leaf_next('order')")
+	query(other, "SELECT 'answered meanwhile'")
+	close(gate)
+	awaitSignal(ctx, t, ids.waiting, "the ID request")
+
+	var got string
+	for {
+		msg, err := other.PgConn().ReceiveMessage(ctx)
+		if err != nil {
+			t.Fatalf("the other session's answer, while the first waits: %v", err)
+		}
+		if row, ok := msg.(*pgproto3.DataRow); ok {
+			got = string(row.Values[0])
+		}
+		if _, ok := msg.(*pgproto3.ReadyForQuery); ok {
+			break
+		}
+	}
+	if got != "answered meanwhile" {
+		t.Fatalf("the other session's answer: %q", got)
+	}
+}

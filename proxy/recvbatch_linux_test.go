@@ -208,12 +208,10 @@ type detachingIDs struct{ stubIDs }
 func (*detachingIDs) TryNext(string) (int64, bool)    { return 0, false }
 func (*detachingIDs) TryNextSnowflake() (int64, bool) { return 0, false }
 
-// A handler that detaches hands the loop to a new runner in the middle of a turn: the
-// sockets of the sessions after it, already read by the turn's receive batch, are not
-// reported again, and the next batch reuses the memory their bytes are in. Sessions that
-// query all the time on one loop beside sessions that detach on every query must each
-// get every answer, and the right one.
-func TestRecvBatchDetachMidTurn(t *testing.T) {
+// oneLoopProxy starts a rewriting proxy over ids with one event loop, which receives in
+// batches, and returns it with the URL of its database.
+func oneLoopProxy(t *testing.T, ids IDSource) (*testProxy, string) {
+	t.Helper()
 	if SendBatchSupport() != nil {
 		if os.Getenv("CI") != "" {
 			t.Fatal(SendBatchSupport())
@@ -225,7 +223,16 @@ func TestRecvBatchDetachMidTurn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := startProxy(t, db, func(s *Server) { s.Rewriter, s.IDs, s.EventLoops = rw, &detachingIDs{}, 1 })
+	return startProxy(t, db, func(s *Server) { s.Rewriter, s.IDs, s.EventLoops = rw, ids, 1 }), db
+}
+
+// A handler that detaches hands the loop to a new runner in the middle of a turn: the
+// sockets of the sessions after it, already read by the turn's receive batch, are not
+// reported again, and the next batch reuses the memory their bytes are in. Sessions that
+// query all the time on one loop beside sessions that detach on every query must each
+// get every answer, and the right one.
+func TestRecvBatchDetachMidTurn(t *testing.T) {
+	p, db := oneLoopProxy(t, &detachingIDs{})
 	ctx := testContext(t)
 	const clients, queries = 4, 150
 	errs := make(chan error, 2*clients)
@@ -273,19 +280,8 @@ func TestRecvBatchDetachMidTurn(t *testing.T) {
 // one still waits: the new runner sees no event for its socket, whose bytes the batch
 // took, so the session must be handed to it as work to do.
 func TestRecvBatchDetachHandsOnReadSessions(t *testing.T) {
-	if SendBatchSupport() != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal(SendBatchSupport())
-		}
-		t.Skip(SendBatchSupport())
-	}
-	db := testenv.NewDatabase(t)
-	rw, err := rewrite.New(rewrite.Settings{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ids := newBlockingIDs()
-	p := startProxy(t, db, func(s *Server) { s.Rewriter, s.IDs, s.EventLoops = rw, ids, 1 })
+	p, db := oneLoopProxy(t, ids)
 	ctx := testContext(t)
 	waiter, other := connect(t, p.url(db)), connect(t, p.url(db))
 	defer close(ids.release)

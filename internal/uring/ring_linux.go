@@ -268,17 +268,7 @@ func (r *Ring) PrepRecv(fd int, group uint16, multishot bool, userData uint64) e
 // PrepSend prepares a send of p on fd that completes while it is submitted: MSG_DONTWAIT
 // is added to flags (see the package comment), so p is free once Enter returns.
 func (r *Ring) PrepSend(fd int, p []byte, flags uint32, userData uint64) error {
-	e := r.next()
-	if e == nil {
-		return errFull
-	}
-	e.Opcode, e.Fd, e.UserData = opSend, int32(fd), userData
-	if len(p) > 0 {
-		e.Addr = uint64(uintptr(unsafe.Pointer(&p[0])))
-		e.Len = uint32(len(p))
-	}
-	e.OpFlags = flags | unix.MSG_DONTWAIT
-	return nil
+	return r.prepNow(opSend, fd, p, flags, userData)
 }
 
 // PrepRecvNow prepares a receive on fd into p that completes while it is submitted:
@@ -286,11 +276,16 @@ func (r *Ring) PrepSend(fd int, p []byte, flags uint32, userData uint64) error {
 // instead of leaving it to wait (see the package comment). p is written by the time
 // Enter returns, and must stay alive and untouched until then.
 func (r *Ring) PrepRecvNow(fd int, p []byte, flags uint32, userData uint64) error {
+	return r.prepNow(opRecv, fd, p, flags, userData)
+}
+
+// prepNow prepares op (a send or a receive) on fd over p with MSG_DONTWAIT.
+func (r *Ring) prepNow(op uint8, fd int, p []byte, flags uint32, userData uint64) error {
 	e := r.next()
 	if e == nil {
 		return errFull
 	}
-	e.Opcode, e.Fd, e.UserData = opRecv, int32(fd), userData
+	e.Opcode, e.Fd, e.UserData = op, int32(fd), userData
 	if len(p) > 0 {
 		e.Addr = uint64(uintptr(unsafe.Pointer(&p[0])))
 		e.Len = uint32(len(p))

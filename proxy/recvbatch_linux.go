@@ -82,6 +82,9 @@ func (b *recvBatch) receive(l *eventLoop, events []unix.EpollEvent) {
 		events[i].Events &^= unix.EPOLLIN
 	}
 	if _, err := b.sends.ring.Enter(0, 0); err != nil {
+		// The receives stay in the ring, which the next call would submit, into memory
+		// reused by then: neither batch uses the ring again.
+		b.failed, b.sends.failed = true, true
 		for _, end := range b.ends {
 			end.src.readable = true // the session reads it, as without the batch
 		}

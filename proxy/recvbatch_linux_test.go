@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -324,5 +325,108 @@ func TestRecvBatchDetachHandsOnReadSessions(t *testing.T) {
 	}
 	if got != "answered meanwhile" {
 		t.Fatalf("the other session's answer: %q", got)
+	}
+}
+
+// breakableLoop is recvLoop with a function that makes its ring fail every call from
+// then on, as a kernel refusing io_uring_enter would: the ring's descriptor is made to
+// refer to /dev/null (its memory stays mapped).
+func breakableLoop(t *testing.T) (*eventLoop, func()) {
+	t.Helper()
+	before := ringDescriptors(t)
+	l := recvLoop(t)
+	var fd int
+	for d := range ringDescriptors(t) {
+		if !before[d] {
+			if fd != 0 {
+				t.Fatal("another io_uring opened meanwhile: cannot tell the loop's")
+			}
+			fd = d
+		}
+	}
+	if fd == 0 {
+		t.Fatal("the loop's io_uring descriptor not found")
+	}
+	return l, func() {
+		null, err := unix.Open("/dev/null", unix.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(null)
+		if err := unix.Dup3(null, fd, unix.O_CLOEXEC); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// ringDescriptors returns the process's io_uring descriptors.
+func ringDescriptors(t *testing.T) map[int]bool {
+	t.Helper()
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fds := make(map[int]bool)
+	for _, e := range entries {
+		if link, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && link == "anon_inode:[io_uring]" {
+			fd, _ := strconv.Atoi(e.Name())
+			fds[fd] = true
+		}
+	}
+	return fds
+}
+
+// When the ring refuses a call, the receives it holds unsubmitted would go with the
+// next call, into memory reused by then: the sessions read their sockets themselves,
+// and neither batch uses the ring again.
+func TestRecvBatchRingFailure(t *testing.T) {
+	l, breakRing := breakableLoop(t)
+	a, evA, peerA := recvEnd(t, l)
+	b, evB, peerB := recvEnd(t, l)
+	send(t, peerA, []byte("for a"))
+	send(t, peerB, []byte("for b"))
+	breakRing()
+	l.recv.receive(l, []unix.EpollEvent{evA, evB})
+	for _, end := range []*loopEnd{a, b} {
+		if len(end.in.held) != 0 || !end.src.readable {
+			t.Errorf("after the failed call: held %q, readable %v; want the socket for the session", end.in.held, end.src.readable)
+		}
+	}
+	if got, _ := readEnd(t, a); string(got) != "for a" {
+		t.Errorf("session a read %q", got)
+	}
+	if !l.recv.failed || !l.batch.failed {
+		t.Errorf("batches failed: receive %v, send %v; want both", l.recv.failed, l.batch.failed)
+	}
+	l.recv.release()
+	send(t, peerA, []byte("again"))
+	events := []unix.EpollEvent{evA, evB}
+	l.recv.receive(l, events)
+	if events[0].Events != unix.EPOLLIN || len(a.in.held) != 0 {
+		t.Errorf("the failed batch read a socket again: event %#x, held %q", events[0].Events, a.in.held)
+	}
+}
+
+// When the ring refuses a call, the turn's bytes go one by one, and later turns' too: the
+// sends left in the ring would go again with the next call.
+func TestSendBatchRingFailure(t *testing.T) {
+	l, breakRing := breakableLoop(t)
+	a, peerA := batchEnd(t, l)
+	b, peerB := batchEnd(t, l)
+	l.batch.deferSend(a, []byte("to a"))
+	l.batch.deferSend(b, []byte("to b"))
+	breakRing()
+	l.batch.send()
+	if got := readAll(t, peerA); string(got) != "to a" {
+		t.Errorf("socket a got %q", got)
+	}
+	if got := readAll(t, peerB); string(got) != "to b" {
+		t.Errorf("socket b got %q", got)
+	}
+	if !l.batch.failed {
+		t.Fatal("the batch goes on using a ring that failed")
+	}
+	if l.batch.deferSend(a, []byte("later")) {
+		t.Error("deferred to a failed batch")
 	}
 }

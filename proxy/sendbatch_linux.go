@@ -105,18 +105,21 @@ func (b *sendBatch) send() {
 		chunk := b.ends[start:min(start+sendBatchEntries, len(b.ends))]
 		prepared := 0
 		for i, end := range chunk {
-			d := &end.sink.deferred
-			if d.n == 0 {
+			d, in := &end.sink.deferred, &b.inflight[i]
+			*in = *d
+			if in.n == 0 {
 				continue // sent meanwhile, by a write to the socket
 			}
-			if b.ring.PrepSend(end.sink.fd, b.bytes[d.off:d.off+d.n], unix.MSG_NOSIGNAL, uint64(i)) != nil {
-				break // cannot happen: the ring has room for sendBatchEntries
-			}
-			b.inflight[i] = *d
 			d.n = 0 // taken: the bytes go once, whatever the list holds
 			prepared++
+			if !b.failed && b.ring.PrepSend(end.sink.fd, b.bytes[in.off:in.off+in.n], unix.MSG_NOSIGNAL, uint64(i)) != nil {
+				b.failed = true // cannot happen: the ring has room for sendBatchEntries
+			}
 		}
-		if prepared > 0 {
+		switch {
+		case b.failed:
+			b.sendEach(chunk) // the ring failed, in this turn's batch or an earlier chunk
+		case prepared > 0:
 			b.submit(chunk, prepared)
 		}
 		for _, end := range chunk {
@@ -136,6 +139,9 @@ func (b *sendBatch) send() {
 // sends it has not reported fail: whether their bytes went is unknown.
 func (b *sendBatch) submit(chunk []*loopEnd, prepared int) {
 	if _, err := b.ring.Enter(0, 0); err != nil {
+		// The sends stay in the ring, which the next call would submit again: the ring
+		// is not used again.
+		b.failed = true
 		b.sendEach(chunk)
 		return
 	}

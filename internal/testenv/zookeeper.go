@@ -3,6 +3,7 @@ package testenv
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -53,9 +54,27 @@ func StartZooKeeper(ctx context.Context) (*ZooKeeper, error) {
 	return zks[0], nil
 }
 
+// errExited is the error of a server process that exited while it was waited for.
+var errExited = errors.New("ZooKeeper exited")
+
+// ensembleTries is how many times StartEnsemble starts an ensemble whose server exits
+// while it starts: the free ports it picked may have been taken meanwhile by another
+// process of the machine (a port is free when picked, not when the JVM binds it).
+const ensembleTries = 3
+
 // StartEnsemble starts n servers forming one ensemble on loopback (n = 1: standalone) and
 // waits until every one of them serves.
 func StartEnsemble(ctx context.Context, n int) ([]*ZooKeeper, error) {
+	for try := 1; ; try++ {
+		zks, err := startEnsemble(ctx, n)
+		if err == nil || try == ensembleTries || !errors.Is(err, errExited) || ctx.Err() != nil {
+			return zks, err
+		}
+	}
+}
+
+// startEnsemble makes one try of StartEnsemble, on new ports.
+func startEnsemble(ctx context.Context, n int) ([]*ZooKeeper, error) {
 	cp := FindZooKeeperClasspath()
 	if cp == "" {
 		return nil, fmt.Errorf("ZooKeeper not found (install the zookeeper package or set %s)", EnvZKClasspath)
@@ -186,9 +205,17 @@ func (z *ZooKeeper) spawn() error {
 	return nil
 }
 
-// WaitServing waits until the server answers "srvr" with a mode (standalone, leader or follower).
+// WaitServing waits until the server answers "srvr" with a mode (standalone, leader or
+// follower). A server process that exits meanwhile ends the wait with errExited and the
+// end of its log.
 func (z *ZooKeeper) WaitServing(ctx context.Context) error {
-	return waitFor(ctx, "ZooKeeper on "+z.Addr(), func() error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	err := waitFor(ctx, "ZooKeeper on "+z.Addr(), func() error {
+		if z.exited() {
+			cancel()
+			return errExited
+		}
 		mode, err := z.Mode()
 		if err != nil {
 			return err
@@ -198,6 +225,32 @@ func (z *ZooKeeper) WaitServing(ctx context.Context) error {
 		}
 		return nil
 	})
+	if err != nil && z.exited() {
+		return fmt.Errorf("%w (client port %d); the end of its log:\n%s", errExited, z.Port, z.logTail(2000))
+	}
+	return err
+}
+
+// exited reports whether the server's process has exited.
+func (z *ZooKeeper) exited() bool {
+	z.mu.Lock()
+	done := z.done
+	z.mu.Unlock()
+	select {
+	case <-done:
+		return true
+	default:
+		return false
+	}
+}
+
+// logTail returns the last n bytes of the server's log.
+func (z *ZooKeeper) logTail(n int) string {
+	b, err := os.ReadFile(filepath.Join(z.Dir, "zookeeper.log"))
+	if err != nil {
+		return err.Error()
+	}
+	return string(b[max(0, len(b)-n):])
 }
 
 // Mode asks the server for its mode: "standalone", "leader" or "follower".

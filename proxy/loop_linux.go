@@ -333,23 +333,40 @@ func (l *eventLoop) takePosted() []func() {
 	return work
 }
 
+// wait fills events with those of the next turn and reports how many. The writes the
+// last turn left in the send batch go first; the sockets the wait reports readable are
+// received from in one call, when there are two or more.
+func (l *eventLoop) wait(events []unix.EpollEvent) (int, error) {
+	if l.batch.due() {
+		l.batch.send()
+	}
+	n, err := unix.EpollWait(l.epfd, events, l.waitTimeout())
+	if n > 1 {
+		l.recv.receive(l, events[:n])
+	}
+	return n, err
+}
+
+// waitTimeout is how long the loop's wait may last, in milliseconds (-1: for ever): not
+// at all with sessions queued for another turn, loopIdleWait with deadlines to check or
+// quiet sessions to look at, loopLinger when the loop has no session left.
+func (l *eventLoop) waitTimeout() int {
+	switch {
+	case len(l.again) > 0:
+		return 0
+	case len(l.timed) > 0 || len(l.quiet) > 0:
+		return int(loopIdleWait / time.Millisecond)
+	case l.idle.Load():
+		return int(loopLinger / time.Millisecond)
+	}
+	return -1
+}
+
 func (l *eventLoop) run() {
 	gen := l.gen.Load()
 	lastYield := time.Now()
 	events := make([]unix.EpollEvent, 128)
 	for turn := 1; !l.halt.Load(); turn++ {
-		if l.batch.due() {
-			l.batch.send()
-		}
-		timeout := -1
-		switch {
-		case len(l.again) > 0:
-			timeout = 0
-		case len(l.timed) > 0 || len(l.quiet) > 0:
-			timeout = int(loopIdleWait / time.Millisecond)
-		case l.idle.Load():
-			timeout = int(loopLinger / time.Millisecond)
-		}
 		// The clock is read every few turns only: a turn takes microseconds.
 		if turn%loopYieldTurns == 0 {
 			now := time.Now()
@@ -366,7 +383,7 @@ func (l *eventLoop) run() {
 				runtime.Gosched()
 			}
 		}
-		n, err := unix.EpollWait(l.epfd, events, timeout)
+		n, err := l.wait(events)
 		if n == 0 && err == nil && len(l.quiet) > 0 {
 			l.sweepQuiet(time.Now())
 		}
@@ -379,9 +396,6 @@ func (l *eventLoop) run() {
 			// than spin.
 			l.failAll()
 			continue
-		}
-		if n > 1 {
-			l.recv.receive(l, events[:n])
 		}
 		for _, ev := range events[:max(n, 0)] {
 			if loopToken(ev.Pad) == wakeToken {

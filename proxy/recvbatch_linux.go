@@ -34,6 +34,8 @@ type recvBatch struct {
 	sends *sendBatch // the batch whose ring this one shares
 	arena []byte     // recvSlot bytes for each socket received from, in the order of ends
 	ends  []*loopEnd // the sockets received from this turn
+	got   []bool     // by the index in ends: whether its receive has completed
+	done  int        // how many have
 	// failed is set when the ring failed in a way that may leave a receive unfinished:
 	// its memory is then never reused, nor the batch.
 	failed bool
@@ -51,8 +53,16 @@ func newRecvBatch(sends *sendBatch) *recvBatch {
 // more, and clears their EPOLLIN: their sessions find the bytes held, their sockets
 // marked readable only when a receive filled its slot.
 func (b *recvBatch) receive(l *eventLoop, events []unix.EpollEvent) {
-	if b == nil || b.failed || b.sends.failed {
-		return
+	if b.prepare(l, events) {
+		b.collect()
+	}
+}
+
+// prepare prepares the receives of the sockets of events that their sessions will read,
+// when there are two or more (one costs a call either way), and reports whether it did.
+func (b *recvBatch) prepare(l *eventLoop, events []unix.EpollEvent) bool {
+	if b == nil || b.failed || b.sends.failed || len(b.ends) > 0 {
+		return false
 	}
 	picked := 0
 	for i := range events {
@@ -60,11 +70,8 @@ func (b *recvBatch) receive(l *eventLoop, events []unix.EpollEvent) {
 			picked++
 		}
 	}
-	if picked < 2 {
-		return // one receive costs a call either way
-	}
-	if picked > sendBatchEntries {
-		picked = sendBatchEntries
+	if picked = min(picked, b.sends.ring.Free()); picked < 2 {
+		return false
 	}
 	if cap(b.arena) < picked*recvSlot {
 		b.arena = make([]byte, picked*recvSlot)
@@ -78,27 +85,46 @@ func (b *recvBatch) receive(l *eventLoop, events []unix.EpollEvent) {
 		if k == picked || b.sends.ring.PrepRecvNow(end.fd, b.slot(k), 0, uint64(k)) != nil {
 			break // the rest read as before
 		}
-		b.ends = append(b.ends, end)
+		b.ends, b.got = append(b.ends, end), append(b.got, false)
 		events[i].Events &^= unix.EPOLLIN
 	}
+	b.done = 0
+	return len(b.ends) > 0
+}
+
+// collect submits the prepared receives and takes their completions.
+func (b *recvBatch) collect() {
 	if _, err := b.sends.ring.Enter(0, 0); err != nil {
-		// The receives stay in the ring, which the next call would submit, into memory
-		// reused by then: neither batch uses the ring again.
-		b.failed, b.sends.failed = true, true
-		for _, end := range b.ends {
-			end.src.readable = true // the session reads it, as without the batch
-		}
+		b.fail(nil)
 		return
 	}
-	for reaped := b.reap(); reaped < len(b.ends); reaped += b.reap() {
+	for b.reap(); b.done < len(b.ends); b.reap() {
 		// Not expected: a receive with MSG_DONTWAIT completes while it is submitted
 		// (see package uring). Its memory must not be reused before it has.
-		if _, err := b.sends.ring.Enter(uint32(len(b.ends)-reaped), -1); err != nil {
-			b.failed, b.sends.failed = true, true // a late completion would confuse either
-			for _, end := range b.ends {
-				end.src.readable = true
-			}
+		if _, err := b.sends.ring.Enter(uint32(len(b.ends)-b.done), -1); err != nil {
+			b.fail(err)
 			return
+		}
+	}
+}
+
+// fail ends the turn's receives that have not completed, the ring having failed: neither
+// batch uses it again, as the receives it holds unsubmitted would go with its next call,
+// into memory reused by then. With err nil they were not submitted, and their sessions
+// read their sockets as without the batch; else they were, and may still take bytes from
+// their sockets: the sessions end, with err for the side's error, for want of knowing
+// what their streams hold.
+func (b *recvBatch) fail(err error) {
+	b.failed, b.sends.failed = true, true
+	for k, end := range b.ends {
+		if b.got[k] {
+			continue
+		}
+		if err == nil {
+			end.src.readable = true
+		} else {
+			end.sink.err = err
+			end.ls.queueAgain()
 		}
 	}
 }
@@ -108,26 +134,32 @@ func (b *recvBatch) slot(k int) []byte {
 	return b.arena[k*recvSlot : (k+1)*recvSlot]
 }
 
-// reap takes the completions of the turn's receives in the ring and reports how many.
-func (b *recvBatch) reap() int {
+// reap takes the completions of the turn's receives in the ring.
+func (b *recvBatch) reap() {
 	first, second := b.sends.ring.Completions()
 	for _, part := range [2][]uring.CQE{first, second} {
 		for _, cqe := range part {
-			end := b.ends[cqe.UserData]
-			switch res := int(cqe.Res); {
-			case res > 0:
-				end.in.held = b.slot(int(cqe.UserData))[:res]
-				end.src.readable = res == recvSlot // a full slot: the socket may hold more
-			case res == -int(unix.EAGAIN):
-				end.src.readable = false
-			default:
-				end.src.readable = true // an end or an error: the session's read meets it
-			}
+			b.complete(cqe)
 		}
 	}
-	n := len(first) + len(second)
-	b.sends.ring.Consume(n)
-	return n
+	b.sends.ring.Consume(len(first) + len(second))
+}
+
+// complete hands the bytes of a receive to its socket's session.
+func (b *recvBatch) complete(cqe uring.CQE) {
+	k := int(cqe.UserData)
+	end := b.ends[k]
+	switch res := int(cqe.Res); {
+	case res > 0:
+		end.in.held = b.slot(k)[:res]
+		end.src.readable = res == recvSlot // a full slot: the socket may hold more
+	case res == -int(unix.EAGAIN):
+		end.src.readable = false
+	default:
+		end.src.readable = true // an end or an error: the session's read meets it
+	}
+	b.got[k] = true
+	b.done++
 }
 
 // release ends the turn's batch: bytes a session left unread get memory of their own, and
@@ -146,7 +178,7 @@ func (b *recvBatch) release() {
 		}
 	}
 	clear(b.ends)
-	b.ends = b.ends[:0]
+	b.ends, b.got = b.ends[:0], b.got[:0]
 	if cap(b.arena) > recvBatchKeep && !b.failed {
 		b.arena = nil
 	}

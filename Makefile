@@ -5,7 +5,7 @@ PKGS      := ./...
 TESTENV   := $(GO) run ./internal/testenv/cmd/testenv
 TESTFLAGS ?= -race -count=1 -timeout 20m
 
-.PHONY: all build test fuzz soak test-short run run-stop run-reset docker bench bench-instructions lint vet fmt deps clean
+.PHONY: all build test fuzz soak test-short run run-stop run-reset docker bench bench-instructions bench-syscalls lint vet fmt deps clean
 
 all: build
 
@@ -66,6 +66,11 @@ bench:
 bench-instructions:
 	scripts/install-deps.sh --bench
 	$(TESTENV) -no-zk -- scripts/instructions.sh $(OTHER_BINS)
+
+## bench-syscalls: system calls per transaction under strace, leafproxy against PgBouncer in session mode, 8 clients (OTHER_BINS: more leafproxy binaries to compare)
+bench-syscalls:
+	scripts/install-deps.sh --bench
+	COUNT=syscalls POOL_MODE=session CLIENTS=8 DURATION=5 $(TESTENV) -no-zk -- scripts/instructions.sh $(OTHER_BINS)
 
 lint: vet
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi

@@ -3,9 +3,9 @@
 # that has Go: a C compiler (the SQL parser is C, built through cgo), a PostgreSQL server
 # with its contrib modules, psql and pgbench, ZooKeeper with a Java runtime, Node.js with
 # npm (the node-postgres client test), and Chromium (the status-page browser test).
-# With --bench it adds PgBouncer and valgrind (make bench-instructions). It uses apt-get
-# when it is there; otherwise it says what is missing and fails. It is quiet when nothing
-# is missing.
+# With --bench it adds PgBouncer, valgrind and strace (make bench-instructions and
+# bench-syscalls). It uses apt-get when it is there; otherwise it says what is missing and
+# fails. It is quiet when nothing is missing.
 #
 #   scripts/install-deps.sh            # everything `make test` needs
 #   scripts/install-deps.sh --bench    # and what `make bench` compares against, and measures with
@@ -37,7 +37,7 @@ need promtool prometheus
 need prometheus prometheus
 for arg in "$@"; do
   case "$arg" in
-    --bench) need pgbouncer pgbouncer; need valgrind valgrind ;;
+    --bench) need pgbouncer pgbouncer; need valgrind valgrind; need strace strace ;;
     --browser) ;; # Chromium is always installed now; the flag is kept for old callers
     *) echo "install-deps: unknown argument $arg (known: --bench)" >&2; exit 2 ;;
   esac

@@ -13,10 +13,14 @@
 # next, where CPU time moves by tens: it is the figure to compare two builds of the same
 # code. It leaves out what the kernel does for the hop and the time cache misses cost.
 #
+# With COUNT=syscalls it counts the hop's system calls per transaction instead, under
+# `strace -c` (each call then stops the hop: the transactions a second mean nothing, the
+# calls per transaction do), with the calls that move the data broken out.
+#
 # Run it under the test environment, which starts PostgreSQL (`make bench-instructions`
 # does):
 #   go run ./internal/testenv/cmd/testenv -no-zk -- scripts/instructions.sh [OTHER_BINARY ...]
-# Settings, from the environment: CLIENTS (50), POOL (20), POOL_MODE (transaction or
+# Settings, from the environment: COUNT (instructions or syscalls), CLIENTS (50), POOL (20), POOL_MODE (transaction or
 # session), DURATION (20, seconds), MODES (simple extended prepared), PGBOUNCER (1; 0
 # leaves it out), KEEP (a directory: each counted run's callgrind profile is copied there as
 # HOP-MODE.callgrind, for `callgrind_annotate` to break the count down by function).
@@ -33,11 +37,17 @@ case "$POOL_MODE" in
     ;;
   *) echo "instructions: POOL_MODE is transaction or session, not $POOL_MODE" >&2; exit 2 ;;
 esac
+COUNT=${COUNT:-instructions}
+case "$COUNT" in
+  instructions) tools=(valgrind callgrind_control) ;;
+  syscalls) tools=(strace) ;;
+  *) echo "instructions: COUNT is instructions or syscalls, not $COUNT" >&2; exit 2 ;;
+esac
 SECONDS_RUN=${DURATION:-20}
 MODES=${MODES:-simple extended prepared}
 PGBOUNCER=${PGBOUNCER:-1}
 : "${LEAF_TEST_PG:?run under the test environment: go run ./internal/testenv/cmd/testenv -no-zk -- $0}"
-for tool in valgrind callgrind_control pgbench psql; do
+for tool in "${tools[@]}" pgbench psql; do
   command -v "$tool" >/dev/null || { echo "instructions: $tool is missing (scripts/install-deps.sh --bench)" >&2; exit 1; }
 done
 [ "$PGBOUNCER" = 0 ] || command -v pgbouncer >/dev/null ||
@@ -111,6 +121,10 @@ measure() {
       printf '%-22s %-9s cannot (no prepared statements in transaction mode)\n' "$name" "$mode"
       continue
     fi
+    if [ "$COUNT" = syscalls ]; then
+      countSyscalls "$name" "$mode" "$p" "$pid" || return 1
+      continue
+    fi
     "${ctl[@]}" -i on "$pid" >/dev/null 2>&1
     pgbench -n -S -c "$CLIENTS" -j 2 -T "$SECONDS_RUN" -M "$mode" \
       "postgres://$user@127.0.0.1:$p/$db?sslmode=disable" >"$work/pgbench.out" 2>&1 ||
@@ -135,20 +149,53 @@ measure() {
   done
 }
 
+# countSyscalls NAME MODE PORT PID: one pgbench run in MODE against PORT with the hop's
+# system calls counted by strace (all its threads); prints a line.
+countSyscalls() {
+  local name=$1 mode=$2 p=$3 pid=$4 sp tx
+  strace -c -f -q -p "$pid" -o "$work/strace.out" &
+  sp=$!
+  sleep 1 # strace attaches to each thread of the hop
+  pgbench -n -S -c "$CLIENTS" -j 2 -T "$SECONDS_RUN" -M "$mode" \
+    "postgres://$user@127.0.0.1:$p/$db?sslmode=disable" >"$work/pgbench.out" 2>&1 ||
+    { cat "$work/pgbench.out" >&2; kill -INT "$sp"; return 1; }
+  kill -INT "$sp"
+  wait "$sp" || true
+  tx=$(awk '/number of transactions actually processed/{split($NF, a, "/"); print a[1]}' "$work/pgbench.out")
+  awk -v name="$name" -v mode="$mode" -v tx="$tx" '
+    $NF == "total" { total = $4 }
+    $NF ~ /^(recvfrom|read|sendto|write|epoll_wait|epoll_pwait|io_uring_enter)$/ { n[$NF] = $4 }
+    END {
+      printf "%-22s %-9s %9d tx %10d system calls %6.2f per transaction:", name, mode, tx, total, total / tx
+      for (c in n) printf " %s %.2f", c, n[c] / tx
+      printf "\n"
+    }' "$work/strace.out"
+}
+
 # Counting starts off: measure turns it on for each run. (Go's asynchronous preemption
 # signals trip callgrind up; leafproxy runs with them off. Where the CPU has RDTSCP, Go's
 # runtime reads the clock with it when a lock is contended, an instruction valgrind 3.19
 # does not know: the process dies of SIGILL. cpu.rdtscp=off makes it use RDTSC.)
 callgrind=(valgrind --tool=callgrind --instr-atstart=no)
 
-echo "pgbench -S, $CLIENTS clients, $POOL_MODE mode, pool of $POOL, ${SECONDS_RUN}s per mode; user-space instructions under callgrind"
+# runner OUT: sets runner to the words that start a hop: under callgrind, writing to OUT,
+# when counting instructions; as it is when counting system calls.
+runner() {
+  runner=()
+  [ "$COUNT" = syscalls ] || runner=("${callgrind[@]}" --callgrind-out-file="$1")
+}
+
+what="user-space instructions under callgrind"
+[ "$COUNT" = instructions ] || what="system calls under strace"
+echo "pgbench -S, $CLIENTS clients, $POOL_MODE mode, pool of $POOL, ${SECONDS_RUN}s per mode; $what"
 i=0
 for bin in "${bins[@]}"; do
   i=$((i + 1))
   p=$(freeport)
   h=$(freeport)
   out="$work/leafproxy-$i.callgrind"
-  GODEBUG=asyncpreemptoff=1,cpu.rdtscp=off "${callgrind[@]}" --callgrind-out-file="$out" \
+  runner "$out"
+  GODEBUG=asyncpreemptoff=1,cpu.rdtscp=off "${runner[@]}" \
     "$bin" serve --listen "127.0.0.1:$p" --http "127.0.0.1:$h" --upstream "$host:$port" \
     --upstream-sslmode disable --store "$dbURL" --migrate-on-start --snowflake-tags order,pay \
     --fill orders.id=order "${leafPool[@]}" \
@@ -185,7 +232,8 @@ INI
     chown postgres "$work" "$work/pgbouncer.ini" "$work/users.txt"
   fi
   out="$work/pgbouncer.callgrind"
-  "${asUser[@]}" "${callgrind[@]}" --callgrind-out-file="$out" \
+  runner "$out"
+  "${asUser[@]}" "${runner[@]}" \
     pgbouncer "$work/pgbouncer.ini" >"$work/pgbouncer.out" 2>&1 &
   pids+=("$!")
   waitport "$q" || { tail -20 "$work/pgbouncer.out" >&2; exit 1; }

@@ -4,6 +4,7 @@ package proxy
 
 import (
 	"bytes"
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -287,42 +289,19 @@ func TestRecvBatchDetachHandsOnReadSessions(t *testing.T) {
 	waiter, other := connect(t, p.url(db)), connect(t, p.url(db))
 	defer close(ids.release)
 
-	// Hold the loop in a posted function while both queries arrive, so that one wait
-	// reports both sockets, the waiter's first.
-	p.srv.loops.mu.Lock()
-	l := p.srv.loops.loops[0]
-	p.srv.loops.mu.Unlock()
-	held, gate := make(chan struct{}), make(chan struct{})
-	l.post(func() { close(held); <-gate })
-	awaitSignal(ctx, t, held, "the loop to run the posted function")
-	query := func(conn *pgx.Conn, sql string) {
-		t.Helper()
-		msg, err := (&pgproto3.Query{String: sql}).Encode(nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := conn.PgConn().Conn().Write(msg); err != nil {
-			t.Fatal(err)
+	// Hold the loop while both queries arrive, so that one wait reports both sockets, the
+	// waiter's first.
+	l, gate := holdLoop(ctx, t, p)
+	raw(t, waiter, "SELECT leaf_next('order')")
+	raw(t, other, "SELECT 'answered meanwhile'")
+	for _, end := range l.ends {
+		if end != nil && end.ls != nil && end == &end.ls.client {
+			awaitReadable(t, end.fd)
 		}
 	}
-	query(waiter, "SELECT leaf_next('order')")
-	query(other, "SELECT 'answered meanwhile'")
 	close(gate)
 	awaitSignal(ctx, t, ids.waiting, "the ID request")
-
-	var got string
-	for {
-		msg, err := other.PgConn().ReceiveMessage(ctx)
-		if err != nil {
-			t.Fatalf("the other session's answer, while the first waits: %v", err)
-		}
-		if row, ok := msg.(*pgproto3.DataRow); ok {
-			got = string(row.Values[0])
-		}
-		if _, ok := msg.(*pgproto3.ReadyForQuery); ok {
-			break
-		}
-	}
+	got := rawAnswer(ctx, t, other)
 	if got != "answered meanwhile" {
 		t.Fatalf("the other session's answer: %q", got)
 	}
@@ -429,4 +408,141 @@ func TestSendBatchRingFailure(t *testing.T) {
 	if l.batch.deferSend(a, []byte("later")) {
 		t.Error("deferred to a failed batch")
 	}
+}
+
+// One wait reports a session's server side, with the answer to a query, and its client
+// side, with the next query, whose leaf_next must wait: the batch reads both, and the
+// session handles its client's bytes first (as it does whenever both are at hand), so it
+// detaches with the server's answer held in the batch's memory. That answer must reach the
+// client once the session is back, whole and before the next one. The loop is held while
+// both arrive.
+func TestRecvBatchDetachWithServerBytesHeld(t *testing.T) {
+	ids := newBlockingIDs()
+	p, db := oneLoopProxy(t, ids)
+	ctx := testContext(t)
+	client := connect(t, p.url(db))
+	direct := connect(t, db)
+	released := false
+	defer func() {
+		if !released {
+			close(ids.release)
+		}
+	}()
+
+	// The server answers after a second: the loop is held by then.
+	const first = "SELECT pg_sleep(1), 'before the wait' AS detach_order"
+	raw(t, client, first)
+	waitFor(t, 30*time.Second, "the first query to reach the server", func() error {
+		var n int
+		err := direct.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE query = $1 AND state = 'active'", first).Scan(&n)
+		if err == nil && n != 1 {
+			err = errors.New("no backend runs the first query")
+		}
+		return err
+	})
+	l, gate := holdLoop(ctx, t, p)
+	session := loopSessionOf(t, l)
+	awaitReadable(t, session.upstream.fd) // the answer, at the proxy
+	raw(t, client, "SELECT leaf_next('order')")
+	awaitReadable(t, session.client.fd)
+	close(gate)
+	awaitSignal(ctx, t, ids.waiting, "the ID request")
+	// The new runner, held in turn, has not ended a turn yet: the batch's memory, which
+	// its next batch would reuse, is cleared as that would overwrite it.
+	l, gate = holdLoop(ctx, t, p)
+	if len(session.upstream.in.held) == 0 {
+		t.Fatal("the session detached without the server's answer held: the case is not built")
+	}
+	clear(l.recv.arena)
+	close(gate)
+	close(ids.release)
+	released = true
+	if got := rawAnswer(ctx, t, client); got != "before the wait" {
+		t.Fatalf("the first answer: %q", got)
+	}
+	if got := rawAnswer(ctx, t, client); got != "1001" {
+		t.Fatalf("leaf_next's answer: %q, want 1001", got)
+	}
+	var n int
+	if err := client.QueryRow(ctx, "SELECT 7").Scan(&n); err != nil || n != 7 {
+		t.Fatalf("a query after both: %d, %v", n, err)
+	}
+}
+
+// holdLoop holds p's only event loop in a posted function until gate is closed.
+func holdLoop(ctx context.Context, t *testing.T, p *testProxy) (l *eventLoop, gate chan struct{}) {
+	t.Helper()
+	p.srv.loops.mu.Lock()
+	l = p.srv.loops.loops[0]
+	p.srv.loops.mu.Unlock()
+	held, gate := make(chan struct{}), make(chan struct{})
+	l.post(func() { close(held); <-gate })
+	awaitSignal(ctx, t, held, "the loop to run the posted function")
+	return l, gate
+}
+
+// loopSessionOf returns the only session of a loop that holdLoop holds.
+func loopSessionOf(t *testing.T, l *eventLoop) *loopSession {
+	t.Helper()
+	var ls *loopSession
+	for _, end := range l.ends {
+		if end != nil && end.ls != nil && end.ls != ls {
+			if ls != nil {
+				t.Fatal("more than one session on the loop")
+			}
+			ls = end.ls
+		}
+	}
+	if ls == nil {
+		t.Fatal("no session on the loop")
+	}
+	return ls
+}
+
+// raw sends sql as a simple Query on conn's socket, past pgx.
+func raw(t *testing.T, conn *pgx.Conn, sql string) {
+	t.Helper()
+	msg, err := (&pgproto3.Query{String: sql}).Encode(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.PgConn().Conn().Write(msg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// rawAnswer reads the answer to a Query sent with raw, up to its ReadyForQuery, and
+// returns the last column of its last row.
+func rawAnswer(ctx context.Context, t *testing.T, conn *pgx.Conn) string {
+	t.Helper()
+	var got string
+	for {
+		msg, err := conn.PgConn().ReceiveMessage(ctx)
+		if err != nil {
+			t.Fatalf("reading an answer: %v", err)
+		}
+		switch msg := msg.(type) {
+		case *pgproto3.DataRow:
+			got = string(msg.Values[len(msg.Values)-1])
+		case *pgproto3.ErrorResponse:
+			t.Fatalf("error answer: %s %s", msg.Code, msg.Message)
+		case *pgproto3.ReadyForQuery:
+			return got
+		}
+	}
+}
+
+// awaitReadable waits until fd has bytes to read, without reading them.
+func awaitReadable(t *testing.T, fd int) {
+	t.Helper()
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
+		if n, err := unix.Poll(fds, 1000); n == 1 || (err != nil && err != unix.EINTR) {
+			if err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+	}
+	t.Fatalf("socket %d not readable after 30 s", fd)
 }

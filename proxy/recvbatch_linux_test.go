@@ -429,8 +429,12 @@ func TestRecvBatchDetachWithServerBytesHeld(t *testing.T) {
 		}
 	}()
 
-	// The server answers after a second: the loop is held by then.
-	const first = "SELECT pg_sleep(1), 'before the wait' AS detach_order"
+	// The server answers once the test lets go of a lock the query waits for, with the
+	// loop held.
+	if _, err := direct.Exec(ctx, "SELECT pg_advisory_lock(4242)"); err != nil {
+		t.Fatal(err)
+	}
+	const first = "SELECT pg_advisory_lock(4242), 'before the wait' AS detach_order"
 	raw(t, client, first)
 	waitFor(t, 30*time.Second, "the first query to reach the server", func() error {
 		var n int
@@ -442,6 +446,9 @@ func TestRecvBatchDetachWithServerBytesHeld(t *testing.T) {
 	})
 	l, gate := holdLoop(ctx, t, p)
 	session := loopSessionOf(t, l)
+	if _, err := direct.Exec(ctx, "SELECT pg_advisory_unlock(4242)"); err != nil {
+		t.Fatal(err)
+	}
 	awaitReadable(t, session.upstream.fd) // the answer, at the proxy
 	raw(t, client, "SELECT leaf_next('order')")
 	awaitReadable(t, session.client.fd)

@@ -229,7 +229,9 @@ func (c offsetClock) Sleep(ctx context.Context, d time.Duration) error {
 // clock.
 func TestCrashedHolderIsReclaimedAfterExpiry(t *testing.T) {
 	dsn := leaseDB(t)
-	const ttl = 2 * time.Second
+	// 4 s: the holder must keep its lease through the 1,000 IDs below while the machine
+	// runs other tests (with 2 s, its renewals once lapsed for 1.8 s under load).
+	const ttl = 4 * time.Second
 	settings := postgres.Settings{TTL: ttl, RenewInterval: 100 * time.Millisecond}
 
 	crashPool, err := pgxpool.New(ctx, dsn)
@@ -241,7 +243,7 @@ func TestCrashedHolderIsReclaimedAfterExpiry(t *testing.T) {
 	// The crashed holder's clock runs far enough ahead that its mark is still ahead after
 	// the setup's waits (for the mark in the row, up to 5 s, and for the row to expire,
 	// up to 2 TTLs) on a slow machine; the new holder waits it out (MaxStartWait below).
-	ahead := offsetClock{12 * time.Second}
+	ahead := offsetClock{16 * time.Second}
 	crashedSettings := settings
 	crashedSettings.Now = ahead.Now // the lease's deadline is read on the engine's clock
 	crashed, err := snowflake.New(snowflake.Settings{Source: newSource(t, crashPool, crashedSettings),
@@ -278,7 +280,7 @@ func TestCrashedHolderIsReclaimedAfterExpiry(t *testing.T) {
 	if ahead := lastMs - started.UnixMilli(); ahead <= 0 {
 		t.Fatalf("setup: the crashed holder's mark is not ahead of this clock (%d ms)", ahead)
 	}
-	e := startEngine(t, snowflake.Settings{Source: newSource(t, pool, settings), Logger: log, MaxStartWait: 20 * time.Second})
+	e := startEngine(t, snowflake.Settings{Source: newSource(t, pool, settings), Logger: log, MaxStartWait: 30 * time.Second})
 	if in := e.Info(); in.WorkerID != 0 || in.HighWaterMillis < lastMs {
 		t.Fatalf("new holder: %+v, want worker 0 with the crashed holder's mark %d", in, lastMs)
 	}

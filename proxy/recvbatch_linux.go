@@ -35,7 +35,6 @@ type recvBatch struct {
 	arena []byte     // recvSlot bytes for each socket received from, in the order of ends
 	ends  []*loopEnd // the sockets received from this turn
 	got   []bool     // by the index in ends: whether its receive has completed
-	done  int        // how many have
 	// failed is set when the ring failed in a way that may leave a receive unfinished:
 	// its memory is then never reused, nor the batch.
 	failed bool
@@ -88,7 +87,6 @@ func (b *recvBatch) prepare(l *eventLoop, events []unix.EpollEvent) bool {
 		b.ends, b.got = append(b.ends, end), append(b.got, false)
 		events[i].Events &^= unix.EPOLLIN
 	}
-	b.done = 0
 	return len(b.ends) > 0
 }
 
@@ -98,10 +96,10 @@ func (b *recvBatch) collect() {
 		b.fail(nil)
 		return
 	}
-	for b.reap(); b.done < len(b.ends); b.reap() {
+	for done := b.reap(); done < len(b.ends); done += b.reap() {
 		// Not expected: a receive with MSG_DONTWAIT completes while it is submitted
 		// (see package uring). Its memory must not be reused before it has.
-		if _, err := b.sends.ring.Enter(uint32(len(b.ends)-b.done), -1); err != nil {
+		if _, err := b.sends.ring.Enter(uint32(len(b.ends)-done), -1); err != nil {
 			b.fail(err)
 			return
 		}
@@ -134,15 +132,17 @@ func (b *recvBatch) slot(k int) []byte {
 	return b.arena[k*recvSlot : (k+1)*recvSlot]
 }
 
-// reap takes the completions of the turn's receives in the ring.
-func (b *recvBatch) reap() {
+// reap takes the completions of the turn's receives in the ring and reports how many.
+func (b *recvBatch) reap() int {
 	first, second := b.sends.ring.Completions()
 	for _, part := range [2][]uring.CQE{first, second} {
 		for _, cqe := range part {
 			b.complete(cqe)
 		}
 	}
-	b.sends.ring.Consume(len(first) + len(second))
+	n := len(first) + len(second)
+	b.sends.ring.Consume(n)
+	return n
 }
 
 // complete hands the bytes of a receive to its socket's session.
@@ -159,7 +159,6 @@ func (b *recvBatch) complete(cqe uring.CQE) {
 		end.src.readable = true // an end or an error: the session's read meets it
 	}
 	b.got[k] = true
-	b.done++
 }
 
 // release ends the turn's batch: bytes a session left unread get memory of their own, and

@@ -36,10 +36,21 @@ func waitLeaseExpired(t testing.TB, dsn string, worker int64, timeout time.Durat
 			return time.Since(began)
 		}
 		if time.Since(began) > timeout {
-			t.Fatalf("the lease row of worker %d has not expired within %v", worker, timeout)
+			t.Fatalf("the lease row of worker %d has not expired within %v: %s", worker, timeout, leaseState(t, dsn, worker))
 		}
 		<-time.After(50 * time.Millisecond)
 	}
+}
+
+// leaseState describes the lease row of worker and the database's other sessions, for
+// the message of a wait that failed.
+func leaseState(t testing.TB, dsn string, worker int64) string {
+	t.Helper()
+	return queryText(t, dsn, `SELECT coalesce((SELECT format('holder %s, expires_at %s, update_time %s',
+			holder, expires_at, update_time) FROM leaf_worker_lease WHERE worker_id = $1), 'no row')
+		|| format(', now %s; sessions: ', now())
+		|| coalesce((SELECT string_agg(format('%s (%s): %s', state, wait_event, left(query, 120)), '; ')
+			FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()), 'none')`, worker)
 }
 
 // waitStopped waits until every thread of the process is stopped (state T): kill(SIGSTOP)

@@ -107,3 +107,40 @@ func parseStatCPU(stat string, children bool) (time.Duration, error) {
 	}
 	return time.Duration(ticks) * time.Second / clockTicks, nil
 }
+
+// MachineCPU is the CPU time every processor of the machine spent busy since it started
+// (user, nice, system, irq, softirq and steal of /proc/stat's first line), summed over
+// the processors. Over a run it is what pgbench, the server and the hop cost together,
+// with whatever else ran: its growth per transaction shows how fast the machine was
+// during the run, which moves by tens of percent from one run to the next on a shared
+// machine, and every process's CPU per transaction moves with it.
+func MachineCPU() (time.Duration, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, err
+	}
+	return parseMachineCPU(string(b))
+}
+
+// parseMachineCPU reads the busy ticks of /proc/stat's "cpu" line: every field but idle
+// (4th) and iowait (5th), and but guest and guest_nice (9th and 10th), which user and
+// nice already count.
+func parseMachineCPU(stat string) (time.Duration, error) {
+	line, _, _ := strings.Cut(stat, "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0, fmt.Errorf("malformed /proc/stat line %q", line)
+	}
+	var ticks int64
+	for i, s := range f[1:9] {
+		if i == 3 || i == 4 {
+			continue // idle, iowait
+		}
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc/stat field %q: %w", s, err)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * time.Second / clockTicks, nil
+}

@@ -97,6 +97,7 @@ type Result struct {
 	Failed                int
 	Transactions          int64         // transactions pgbench completed
 	HopCPU                time.Duration // CPU time the endpoint's CPU meter grew by; 0 without one
+	MachineCPU            time.Duration // busy CPU time of the whole machine over the run (MachineCPU)
 	// RoundsPerTx, set on a row's median when the hop has a CPU meter, holds every
 	// round's CPU per transaction in ascending order. The CPU figure of the row is their
 	// own median, not the CPU of the round with the median TPS: CPU per transaction is
@@ -264,6 +265,10 @@ func runOne(ctx context.Context, bin, dir string, d time.Duration, tx int, e End
 	cmd := exec.CommandContext(ctx, bin, args...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
+	machineBefore, err := MachineCPU()
+	if err != nil {
+		return Result{}, fmt.Errorf("machine cpu meter: %w", err)
+	}
 	var before time.Duration
 	if e.CPU != nil {
 		var err error
@@ -276,7 +281,8 @@ func runOne(ctx context.Context, bin, dir string, d time.Duration, tx int, e End
 		during = make(chan error, 1)
 		go func() { during <- e.During(ctx, run, d) }()
 	}
-	err := cmd.Run()
+	err = cmd.Run()
+	machineAfter, merr := MachineCPU()
 	if during != nil {
 		if derr := <-during; derr != nil && err == nil {
 			return Result{}, fmt.Errorf("%s: %w", run, derr)
@@ -285,7 +291,11 @@ func runOne(ctx context.Context, bin, dir string, d time.Duration, tx int, e End
 	if err != nil {
 		return Result{}, fmt.Errorf("%w\n%s", err, out.String())
 	}
+	if merr != nil {
+		return Result{}, fmt.Errorf("machine cpu meter: %w", merr)
+	}
 	r, err := parse(out.String(), e.Name, mode, clients)
+	r.MachineCPU = machineAfter - machineBefore
 	if err != nil || e.CPU == nil {
 		return r, err
 	}
@@ -463,11 +473,18 @@ func cpuCell(r Result) string {
 	return cell
 }
 
+// cpuNote is a run's CPU per transaction for its log line: the hop's, when it has a
+// meter, and the whole machine's (see MachineCPU).
 func cpuNote(r Result) string {
-	if r.HopCPU == 0 {
-		return ""
+	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+	var note string
+	if r.HopCPU != 0 {
+		note = fmt.Sprintf(", %.1f µs CPU/tx in the hop", us(r.CPUPerTx()))
 	}
-	return fmt.Sprintf(", %.1f µs CPU/tx in the hop", float64(r.CPUPerTx())/float64(time.Microsecond))
+	if r.MachineCPU > 0 && r.Transactions > 0 {
+		note += fmt.Sprintf(", %.0f µs CPU/tx in the machine", us(r.MachineCPU/time.Duration(r.Transactions)))
+	}
+	return note
 }
 
 func failedNote(r Result) string {

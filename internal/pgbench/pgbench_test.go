@@ -84,6 +84,37 @@ func TestParseStatCPU(t *testing.T) {
 	}
 }
 
+func TestParseMachineCPU(t *testing.T) {
+	// user nice system idle iowait irq softirq steal guest guest_nice
+	stat := "cpu  100 5 40 9000 70 3 2 10 50 0\ncpu0 50 2 20 4500 35 1 1 5 25 0\nintr 1\n"
+	got, err := parseMachineCPU(stat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := 1600 * time.Millisecond; got != want { // 100+5+40+3+2+10 ticks
+		t.Fatalf("machine cpu %v, want %v", got, want)
+	}
+	for _, bad := range []string{"", "cpu0 1 2 3 4 5 6 7 8", "cpu 1 2 3"} {
+		if _, err := parseMachineCPU(bad); err == nil {
+			t.Errorf("no error for %q", bad)
+		}
+	}
+	if _, err := MachineCPU(); err != nil {
+		t.Fatalf("MachineCPU: %v", err)
+	}
+}
+
+func TestCPUNote(t *testing.T) {
+	r := Result{Transactions: 1000, HopCPU: 30 * time.Millisecond, MachineCPU: 150 * time.Millisecond}
+	if got, want := cpuNote(r), ", 30.0 µs CPU/tx in the hop, 150 µs CPU/tx in the machine"; got != want {
+		t.Errorf("cpuNote = %q, want %q", got, want)
+	}
+	r.HopCPU = 0 // direct: no hop
+	if got, want := cpuNote(r), ", 150 µs CPU/tx in the machine"; got != want {
+		t.Errorf("cpuNote without a hop = %q, want %q", got, want)
+	}
+}
+
 func TestSelfCPUGrows(t *testing.T) {
 	before, err := SelfCPU()
 	if err != nil {

@@ -3,7 +3,10 @@
 //
 //   - select-only: `pgbench -S` against the server directly, through the leafproxy binary
 //     started as the README's production example starts it (`leafproxy serve` with a
-//     store, snowflake tags and fill rules), through PgBouncer in session mode, and
+//     store, snowflake tags and fill rules) plus `--auth-type trust`, as PgBouncer
+//     authenticates, so that both keep their server connections from one run to the
+//     next; the same binary relaying the login (the production example as it is, a
+//     backend per session: -passthrough); PgBouncer in session mode; and
 //     through a bare relay (a proxy.Server in this process with no rewriter, no ID source
 //     and no metrics: a lower bound, not what users run), each hop reaching the server
 //     over TCP;
@@ -66,6 +69,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -94,6 +98,7 @@ func run() error {
 	rounds := flag.Int("rounds", 3, "runs per row, endpoints interleaved; the median is reported")
 	leaf := flag.Bool("leaf", true, "add the ID rows: leaf_next vs nextval, filled INSERT vs bigserial")
 	noBouncer := flag.Bool("no-pgbouncer", false, "leave PgBouncer out")
+	passthrough := flag.Bool("passthrough", true, "add a select-only column for leafproxy as the production example runs it, relaying the login, so that each session opens a backend (the leafproxy column authenticates with trust at the proxy, as PgBouncer does, and reuses server connections)")
 	goroutines := flag.Bool("goroutine-relay", false, "add a select-only column for leafproxy with its event loops turned off (a goroutine pair per session)")
 	otherBin := flag.String("other-bin", "", "add a select-only and a tx-pool column, and a session-mode login row to the connect group, for another leafproxy binary started the same way, run interleaved with this module's build: an A/B comparison of two builds")
 	bare := flag.Bool("bare", true, "add the select-only column of the bare relay")
@@ -160,7 +165,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	h := hops{bin: bin, otherBin: *otherBin, dbURL: dbURL, bouncer: !*noBouncer, goroutines: *goroutines, bare: *bare, direct: *direct, userCPU: *userCPU}
+	h := hops{bin: bin, otherBin: *otherBin, dbURL: dbURL, bouncer: !*noBouncer, goroutines: *goroutines, passthrough: *passthrough, bare: *bare, direct: *direct, userCPU: *userCPU}
 
 	tcp, err := h.selectOnly(ctx, "select-only", "", nil)
 	if err != nil {
@@ -257,14 +262,15 @@ func run() error {
 
 // hops starts what a select-only group compares: leafproxy, PgBouncer and the bare relay.
 type hops struct {
-	bin        string // the leafproxy binary
-	dbURL      string
-	bouncer    bool   // add PgBouncer
-	goroutines bool   // add leafproxy with its event loops off
-	otherBin   string // add leafproxy from this binary too (empty: none)
-	bare       bool   // add the bare relay
-	direct     bool   // add the server itself
-	userCPU    bool   // the select-only and tx-pool CPU meters count user time only
+	bin         string // the leafproxy binary
+	dbURL       string
+	bouncer     bool   // add PgBouncer
+	goroutines  bool   // add leafproxy with its event loops off
+	passthrough bool   // add leafproxy relaying the login (the production example as it is)
+	otherBin    string // add leafproxy from this binary too (empty: none)
+	bare        bool   // add the bare relay
+	direct      bool   // add the server itself
+	userCPU     bool   // the select-only and tx-pool CPU meters count user time only
 }
 
 // cpuMeters is a hop's process, which leafproxy's and PgBouncer's both are.
@@ -328,7 +334,13 @@ func (h hops) selectOnly(ctx context.Context, name, socketDir string, tlsFiles *
 		add(pgbench.Endpoint{Name: "direct", URL: h.dbURL})
 	}
 
-	args := productionArgs(h.dbURL, upstream, tlsFiles)
+	// PgBouncer authenticates its clients (trust) and keeps its server connections from
+	// one pgbench run to the next; the proxy gets the same arrangement, which turns its
+	// session reuse on. Relaying the login instead, as the production example does, gives
+	// every run's sessions new backends, which cost PostgreSQL more per transaction for
+	// a while than PgBouncer's warm ones (the passthrough column shows it).
+	production := productionArgs(h.dbURL, upstream, tlsFiles)
+	args := append(slices.Clone(production), "--auth-type", "trust")
 	lp, err := pgbench.StartLeafproxy(ctx, h.bin, args...)
 	if err != nil {
 		return g, err
@@ -339,6 +351,15 @@ func (h hops) selectOnly(ctx context.Context, name, socketDir string, tlsFiles *
 		g.leafproxy.Rival = "pgbouncer"
 	}
 	add(g.leafproxy)
+	if h.passthrough {
+		lt, err := pgbench.StartLeafproxy(ctx, h.bin, production...)
+		if err != nil {
+			g.stop()
+			return g, err
+		}
+		stops = append(stops, func() { _ = lt.Close() })
+		add(pgbench.Endpoint{Name: "leafproxy passthrough", URL: lt.URL(h.dbURL), CPU: h.meter(lt)})
+	}
 	if h.goroutines {
 		lg, err := pgbench.StartLeafproxy(ctx, h.bin, append(args, "--event-loops", "-1")...)
 		if err != nil {

@@ -351,32 +351,31 @@ func (h hops) selectOnly(ctx context.Context, name, socketDir string, tlsFiles *
 		g.leafproxy.Rival = "pgbouncer"
 	}
 	add(g.leafproxy)
-	if h.passthrough {
-		lt, err := pgbench.StartLeafproxy(ctx, h.bin, production...)
+	// another adds a column for one more leafproxy, from bin with args.
+	another := func(name, bin string, args ...string) error {
+		l, err := pgbench.StartLeafproxy(ctx, bin, args...)
 		if err != nil {
 			g.stop()
+			return err
+		}
+		stops = append(stops, func() { _ = l.Close() })
+		add(pgbench.Endpoint{Name: name, URL: l.URL(h.dbURL), CPU: h.meter(l)})
+		return nil
+	}
+	if h.passthrough {
+		if err := another("leafproxy passthrough", h.bin, production...); err != nil {
 			return g, err
 		}
-		stops = append(stops, func() { _ = lt.Close() })
-		add(pgbench.Endpoint{Name: "leafproxy passthrough", URL: lt.URL(h.dbURL), CPU: h.meter(lt)})
 	}
 	if h.goroutines {
-		lg, err := pgbench.StartLeafproxy(ctx, h.bin, append(args, "--event-loops", "-1")...)
-		if err != nil {
-			g.stop()
+		if err := another("leafproxy goroutines", h.bin, append(slices.Clone(args), "--event-loops", "-1")...); err != nil {
 			return g, err
 		}
-		stops = append(stops, func() { _ = lg.Close() })
-		add(pgbench.Endpoint{Name: "leafproxy goroutines", URL: lg.URL(h.dbURL), CPU: h.meter(lg)})
 	}
 	if h.otherBin != "" {
-		lo, err := pgbench.StartLeafproxy(ctx, h.otherBin, args...)
-		if err != nil {
-			g.stop()
+		if err := another("leafproxy other", h.otherBin, args...); err != nil {
 			return g, err
 		}
-		stops = append(stops, func() { _ = lo.Close() })
-		add(pgbench.Endpoint{Name: "leafproxy other", URL: lo.URL(h.dbURL), CPU: h.meter(lo)})
 	}
 	if h.bouncer {
 		b, err := pgbench.StartPgBouncer(ctx, h.dbURL, pgbench.BouncerOptions{SocketDir: socketDir, TLS: tlsFiles})

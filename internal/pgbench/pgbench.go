@@ -271,7 +271,6 @@ func runOne(ctx context.Context, bin, dir string, d time.Duration, tx int, e End
 	}
 	var before time.Duration
 	if e.CPU != nil {
-		var err error
 		if before, err = e.CPU(); err != nil {
 			return Result{}, fmt.Errorf("cpu meter: %w", err)
 		}
@@ -462,10 +461,12 @@ func pairedCell(a, b Result) string {
 	return fmt.Sprintf("%.2f× (%.2f–%.2f), less in %d of %d", ratios[n/2], ratios[0], ratios[n-1], less, n)
 }
 
+// us is d in microseconds.
+func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
 // cpuCell is the CPU per transaction of a row in µs, with the range over the rounds
 // when there were several: "13.6 (12.4–14.2)".
 func cpuCell(r Result) string {
-	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 	cell := fmt.Sprintf("%.1f", us(r.CPUPerTx()))
 	if n := len(r.RoundsPerTx); n > 1 {
 		cell += fmt.Sprintf(" (%.1f–%.1f)", us(r.RoundsPerTx[0]), us(r.RoundsPerTx[n-1]))
@@ -476,7 +477,6 @@ func cpuCell(r Result) string {
 // cpuNote is a run's CPU per transaction for its log line: the hop's, when it has a
 // meter, and the whole machine's (see MachineCPU).
 func cpuNote(r Result) string {
-	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 	var note string
 	if r.HopCPU != 0 {
 		note = fmt.Sprintf(", %.1f µs CPU/tx in the hop", us(r.CPUPerTx()))
